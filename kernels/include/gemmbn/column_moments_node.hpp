@@ -1,0 +1,241 @@
+// Epilogue visitor node (CUTLASS 3.x sm90 EVT): per-column moments of its input over each CTA tile.
+//
+//   partial_mean[m_tile, n] = mean_m v[m, n],   partial_m2[m_tile, n] = sum_m (v[m, n] - mean)^2
+//   over the tile's rows m < M; the input v is forwarded unchanged to the parent node.
+//
+// NOTES:
+// - Reduced once per epilogue subtile, which spans every row of the CTA tile (EPI_M == 1, asserted),
+//   so only the current subtile's columns live in registers (the stock Sm90RowReduction keeps all
+//   CTA_N columns per thread and its loops stay rolled under nvcc 13.0: a 704 B stack frame).
+// - Each thread sums its values of a column shifted by its first value of that column, then the
+//   (count, mean, M2) triples are Chan-merged across lanes (shuffles) and warps (smem) in a fixed
+//   order: no cancellation of large sums, no atomics, the same bits on every run.
+// - The warp-merge scratch is the epilogue's current D smem stage, free between the store pipeline's
+//   acquire and the register-to-smem copy that follows reduce().
+// - batches_tracked (optional) is incremented once per launch by tile (0, 0): the finish kernel runs
+//   after the GEMM on the stream and reads the new count for momentum=None.
+#pragma once
+
+#include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
+
+#include "gemmbn/moments.cuh"
+
+namespace gemmbn::epilogue {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+struct ColumnMomentsArguments {
+  float* partial_mean = nullptr;  // [ceil(M / CTA_M), N]
+  float* partial_m2 = nullptr;    // [ceil(M / CTA_M), N]
+  int64_t* batches_tracked = nullptr;
+};
+
+template <class CtaTileShapeMNK>
+struct Sm90ColumnMoments {
+  struct SharedStorage {};
+  using Arguments = ColumnMomentsArguments;
+  using Params = ColumnMomentsArguments;
+
+  template <class ProblemShape>
+  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class ProblemShape>
+  static bool can_implement(ProblemShape const&, Arguments const& args) {
+    return (args.partial_mean == nullptr) == (args.partial_m2 == nullptr);
+  }
+  template <class ProblemShape>
+  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
+    return 0;
+  }
+  template <class ProblemShape>
+  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE Sm90ColumnMoments() {}
+  CUTLASS_HOST_DEVICE Sm90ColumnMoments(Params const& params, SharedStorage const&) : params(params) {}
+
+  Params params;
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::detail::ProducerLoadArgs<Args...> const&) {
+    return fusion::detail::EmptyProducerLoadCallbacks{};
+  }
+
+  // SubtileCoords: (CPY,CPY_M,CPY_N,EPI_M,EPI_N) CTA-relative (m, n) of each value this thread visits.
+  // ColumnSlots:   (CPY,CPY_M,CPY_N) register layout with stride 0 along rows: one slot per column.
+  template <class SubtileCoords, class Residue, class ColumnSlots, class LaneLayoutMN, class WarpLayoutMN,
+            int EpiTileN>
+  struct ConsumerStoreCallbacks : fusion::detail::EmptyConsumerStoreCallbacks {
+    static constexpr int kValues = decltype(size(ColumnSlots{}))::value;  // values per thread per subtile
+    static constexpr int kLanesM = decltype(size<0>(LaneLayoutMN{}))::value;
+    static constexpr int kWarpsM = decltype(size<0>(WarpLayoutMN{}))::value;
+    static_assert(decltype(size(LaneLayoutMN{}))::value == cutlass::NumThreadsPerWarp, "lanes must tile (M, N)");
+
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Params const& params, SubtileCoords coords, Residue residue, int m_tile,
+                                          int n_tile, int n_total, int lane_m, int warp_m, int thread_idx)
+        : params(params), coords(coords), residue(residue), m_tile(m_tile), n_tile(n_tile), n_total(n_total),
+          lane_m(lane_m), warp_m(warp_m), thread_idx(thread_idx) {}
+
+    Params const& params;
+    SubtileCoords coords;
+    Residue residue;  // (rows, cols) of the problem left from the CTA origin
+    int m_tile, n_tile, n_total, lane_m, warp_m, thread_idx;
+    cutlass::Array<float, kValues> values;  // this subtile's inputs, kept for reduce()
+
+    template <class ElementAccumulator, class ElementInput, int FragmentSize>
+    CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize> visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v,
+                                                           int, int, cutlass::Array<ElementInput, FragmentSize> const& input) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; ++i) {
+        values[epi_v * FragmentSize + i] = static_cast<float>(input[i]);
+      }
+      return input;
+    }
+
+    template <class SmemTensor, class SyncFn, class VisitResults>
+    CUTLASS_DEVICE void reduce(SmemTensor&& smem_buffer, SyncFn const& sync_fn, int epi_m, int epi_n, bool,
+                               VisitResults const&) {
+      if (params.partial_mean == nullptr) return;
+      if (get<0>(residue) <= 0 || get<1>(residue) <= 0) return;  // CTA beyond the problem (rounded-up cluster)
+
+      Tensor subtile_coords = coords(_, _, _, epi_m, epi_n);
+
+      // 1. Per thread and column: sums of (v - first v), then (count, mean, M2).
+      Tensor shift = make_tensor<float>(ColumnSlots{});
+      Tensor sum1 = make_tensor<float>(ColumnSlots{});
+      Tensor sum2 = make_tensor<float>(ColumnSlots{});
+      Tensor count = make_tensor<float>(ColumnSlots{});
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = kValues - 1; i >= 0; --i) {
+        shift(i) = values[i];
+      }
+      fill(sum1, 0.f);
+      fill(sum2, 0.f);
+      fill(count, 0.f);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kValues; ++i) {
+        if (elem_less(subtile_coords(i), residue)) {
+          float d = values[i] - shift(i);
+          sum1(i) += d;
+          sum2(i) = fmaf(d, d, sum2(i));
+          count(i) += 1.f;
+        }
+      }
+      Tensor slot_n = filter_zeros(count);
+      Tensor slot_mean = filter_zeros(shift);
+      Tensor slot_s1 = filter_zeros(sum1);
+      Tensor slot_m2 = filter_zeros(sum2);
+      constexpr int kSlots = decltype(size(slot_n))::value;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kSlots; ++j) {
+        float n = slot_n(j);
+        float mean_offset = n > 0.f ? slot_s1(j) / n : 0.f;
+        slot_mean(j) = n > 0.f ? slot_mean(j) + mean_offset : 0.f;
+        slot_m2(j) = fmaxf(fmaf(-slot_s1(j), mean_offset, slot_m2(j)), 0.f);
+      }
+
+      // 2. Across the lanes that share columns (tree towards lane_m == 0).
+      CUTLASS_PRAGMA_UNROLL
+      for (int step = kLanesM / 2; step > 0; step /= 2) {
+        int lane_offset = LaneLayoutMN{}(step, 0) - LaneLayoutMN{}(0, 0);
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kSlots; ++j) {
+          float n_b = __shfl_down_sync(0xffffffff, slot_n(j), lane_offset);
+          float mean_b = __shfl_down_sync(0xffffffff, slot_mean(j), lane_offset);
+          float m2_b = __shfl_down_sync(0xffffffff, slot_m2(j), lane_offset);
+          chan_merge_fast(slot_n(j), slot_mean(j), slot_m2(j), n_b, mean_b, m2_b);
+        }
+      }
+
+      // 3. Across the warps that share columns, through smem: [count | mean | M2][warp_m][column].
+      float* scratch = reinterpret_cast<float*>(raw_pointer_cast(smem_buffer.data()));
+      static_assert(3 * kWarpsM * EpiTileN * sizeof(float) <=
+                        decltype(cosize(smem_buffer.layout()))::value *
+                            sizeof(typename cute::remove_cvref_t<SmemTensor>::value_type),
+                    "epilogue smem stage too small for the column-moments scratch");
+      constexpr int kPlane = kWarpsM * EpiTileN;
+      sync_fn();
+      if (lane_m == 0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kValues; ++i) {
+          int column = get<1>(subtile_coords(i)) - epi_n * EpiTileN;
+          int at = warp_m * EpiTileN + column;
+          scratch[at] = count(i);
+          scratch[kPlane + at] = shift(i);
+          scratch[2 * kPlane + at] = sum2(i);
+        }
+      }
+      sync_fn();
+      if (thread_idx < EpiTileN) {
+        float n = scratch[thread_idx];
+        float mean = scratch[kPlane + thread_idx];
+        float m2 = scratch[2 * kPlane + thread_idx];
+        CUTLASS_PRAGMA_UNROLL
+        for (int w = 1; w < kWarpsM; ++w) {
+          int at = w * EpiTileN + thread_idx;
+          chan_merge_fast(n, mean, m2, scratch[at], scratch[kPlane + at], scratch[2 * kPlane + at]);
+        }
+        int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + thread_idx;
+        if (column < n_total) {
+          size_t at = static_cast<size_t>(m_tile) * n_total + column;
+          params.partial_mean[at] = mean;
+          params.partial_m2[at] = m2;
+        }
+      }
+      sync_fn();  // the scratch is the D stage the register-to-smem copy writes next
+    }
+
+    CUTLASS_DEVICE void end() {
+      if (params.batches_tracked != nullptr && m_tile == 0 && n_tile == 0 && thread_idx == 0) {
+        *params.batches_tracked += 1;
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::detail::ConsumerStoreArgs<Args...> const& args) {
+    // Coordinates of every value the thread visits, relative to the CTA tile.
+    auto coords = fusion::sm90_partition_for_epilogue<ReferenceSrc>(args.cD, args.epi_tile, args.tiled_copy,
+                                                                    args.thread_idx);
+    static_assert(decltype(size<3>(coords))::value == 1, "the epilogue subtile must span the CTA tile's rows");
+
+    // One register slot per column: partition a (CTA_M, CTA_N) layout that does not move along rows.
+    auto column_layout = make_layout(take<0, 2>(CtaTileShapeMNK{}), Stride<_0, _1>{});
+    auto column_view = make_tensor(make_gmem_ptr(static_cast<float*>(nullptr)), column_layout);
+    auto slots = fusion::sm90_partition_for_epilogue<ReferenceSrc>(column_view, args.epi_tile, args.tiled_copy,
+                                                                   args.thread_idx)(_, _, _, 0, 0);
+    using ColumnSlots = decltype(make_layout_like(slots.layout()));
+
+    // Which lanes and warps hold the same columns: invert the copy's thread-value layout.
+    auto tiler_mn = shape(typename decltype(args.tiled_copy)::Tiler_MN{});
+    auto tile_to_tv = [&] {
+      if constexpr (ReferenceSrc) return right_inverse(args.tiled_copy.get_layoutS_TV()).with_shape(tiler_mn);
+      else return right_inverse(args.tiled_copy.get_layoutD_TV()).with_shape(tiler_mn);
+    }();
+    using Warps = Int<decltype(args.tiled_copy)::TiledNumThr::value / cutlass::NumThreadsPerWarp>;
+    auto tile_to_lane = composition(Layout<Shape<Int<cutlass::NumThreadsPerWarp>, Warps>, Stride<_1, _0>>{}, tile_to_tv);
+    auto tile_to_warp = composition(Layout<Shape<Int<cutlass::NumThreadsPerWarp>, Warps>, Stride<_0, _1>>{}, tile_to_tv);
+    auto lane_layout_mn = make_layout(filter(get<0>(tile_to_lane)), filter(get<1>(tile_to_lane)));
+    auto warp_layout_mn = make_layout(filter(get<0>(tile_to_warp)), filter(get<1>(tile_to_warp)));
+    // Linear index along M of this lane / warp (the M modes may be hierarchical, e.g. (4,2)).
+    int lane_m = right_inverse(lane_layout_mn)(cutlass::canonical_lane_idx()) % size<0>(lane_layout_mn);
+    int warp_m = right_inverse(warp_layout_mn)(args.thread_idx / cutlass::NumThreadsPerWarp) % size<0>(warp_layout_mn);
+
+    constexpr int kEpiTileN = decltype(size<1>(args.epi_tile))::value;
+    auto [m_tile, n_tile, k_tile, l_tile] = args.tile_coord_mnkl;
+    int n_total = static_cast<int>(get<1>(args.problem_shape_mnkl));
+    using Callbacks = ConsumerStoreCallbacks<decltype(coords), decltype(args.residue_cD), ColumnSlots,
+                                             decltype(lane_layout_mn), decltype(warp_layout_mn), kEpiTileN>;
+    return Callbacks(params, coords, args.residue_cD, static_cast<int>(m_tile), static_cast<int>(n_tile), n_total,
+                     lane_m, warp_m, args.thread_idx);
+  }
+};
+
+}  // namespace gemmbn::epilogue

@@ -1,0 +1,134 @@
+// The fused GEMM: CUTLASS 3.x sm90a, TMA + wgmma, warp-specialized cooperative persistent kernel.
+// Included only by kernels/src/gemm_<type>.cu, each of which instantiates its table of configurations.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/util/packed_stride.hpp>
+
+#include <utility>
+
+#include "gemmbn/api.h"
+#include "gemmbn/column_moments_node.hpp"
+#include "gemmbn/configs.h"
+#include "gemmbn/device_info.h"
+
+namespace gemmbn::detail {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+template <class Element, TileConfig const* Table, int Index>
+struct GemmScaleStatsKernel {
+  static constexpr TileConfig kConfig = Table[Index];
+  using TileShape = Shape<Int<kConfig.tile_m>, Int<kConfig.tile_n>, Int<kConfig.tile_k>>;
+  using ClusterShape = Shape<Int<kConfig.cluster_m>, Int<kConfig.cluster_n>, _1>;
+  static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows
+  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+
+  // Epilogue visitor tree, leaves first:
+  using Acc = fusion::Sm90AccFetch;                                              // acc = x @ W^T
+  using Moments = fusion::Sm90EVT<epilogue::Sm90ColumnMoments<TileShape>, Acc>;  // partial mean, M2 of acc
+  using Bias = fusion::Sm90RowBroadcast<0, TileShape, Element, float>;          // b[n]
+  using Scale = fusion::Sm90RowBroadcast<0, TileShape, Element, float>;         // s[n]
+  using Gain = fusion::Sm90RowBroadcast<0, TileShape, float, float>;            // gain[n] (eval: folded BN)
+  using Shift = fusion::Sm90RowBroadcast<0, TileShape, float, float>;           // shift[n]
+  using AddBias = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,  // acc + b
+                                  Moments, Bias>;
+  using MulScale = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,  // (acc + b) s
+                                   AddBias, Scale>;
+  using Output = fusion::Sm90EVT<  // y = (acc + b) s gain + shift, rounded to Element
+      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>, MulScale, Gain, Shift>;
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      void, cutlass::layout::RowMajor, kAlignment,     // no source C
+      Element, cutlass::layout::RowMajor, kAlignment,  // D = y
+      cutlass::epilogue::TmaWarpSpecializedCooperative, Output>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, cutlass::layout::RowMajor, kAlignment,     // x [M, K]
+      Element, cutlass::layout::ColumnMajor, kAlignment,  // W [N, K] = K x N column-major
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
+                                                      CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static Status run(GemmScaleStatsArgs const& a, cudaStream_t stream) {
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    using StrideC = typename Kernel::StrideC;
+    using StrideD = typename Kernel::StrideD;
+    auto stride_a = cutlass::make_cute_packed_stride(StrideA{}, make_shape(a.M, a.K, 1));
+    auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, make_shape(a.N, a.K, 1));
+    auto stride_c = cutlass::make_cute_packed_stride(StrideC{}, make_shape(a.M, a.N, 1));
+    auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, make_shape(a.M, a.N, 1));
+
+    typename Output::Arguments epilogue_tree{
+        {                                                                // MulScale
+            {                                                            // AddBias
+                {{}, {a.partial_mean, a.partial_m2, a.batches_tracked}},  // Moments(Acc)
+                {static_cast<Element const*>(a.bias), Element(0.f), {}},  // Bias
+                {}},
+            {static_cast<Element const*>(a.scale), Element(1.f), {}},  // Scale
+            {}},
+        {a.gain, 1.f, {}},   // Gain
+        {a.shift, 0.f, {}},  // Shift
+        {}};
+
+    cutlass::KernelHardwareInfo hw_info;
+    cudaError_t device_error = current_device_info(hw_info.device_id, hw_info.sm_count);
+    if (device_error != cudaSuccess) return Status::from_cuda(device_error, "querying the current device");
+
+    typename Gemm::Arguments arguments{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {a.M, a.N, a.K, 1},
+        {static_cast<Element const*>(a.x), stride_a, static_cast<Element const*>(a.weight), stride_b},
+        {epilogue_tree, nullptr, stride_c, static_cast<Element*>(a.y), stride_d},
+        hw_info};
+
+    Gemm gemm;
+    if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) {
+      return Status::invalid("CUTLASS cannot implement this GEMM (shape or alignment)");
+    }
+    if (Gemm::get_workspace_size(arguments) != 0) {
+      return {Status::cutlass_error, cudaSuccess, "unexpected CUTLASS workspace request"};
+    }
+    if (gemm.initialize(arguments, nullptr, stream) != cutlass::Status::kSuccess) {
+      return Status::from_cuda(cudaGetLastError(), "initializing the CUTLASS GEMM");
+    }
+    if (gemm.run(stream) != cutlass::Status::kSuccess) {
+      cudaError_t e = cudaGetLastError();
+      return e != cudaSuccess ? Status::from_cuda(e, "launching the CUTLASS GEMM")
+                              : Status{Status::cutlass_error, cudaSuccess, "launching the CUTLASS GEMM"};
+    }
+    return Status::from_cuda(cudaGetLastError(), "launching the CUTLASS GEMM");
+  }
+};
+
+// run_config<Element, Table, Count>(index, args, stream): dispatch a runtime row index to its instantiation.
+template <class Element, TileConfig const* Table, int... Indices>
+Status run_config_impl(int index, GemmScaleStatsArgs const& args, cudaStream_t stream,
+                       std::integer_sequence<int, Indices...>) {
+  using Runner = Status (*)(GemmScaleStatsArgs const&, cudaStream_t);
+  static constexpr Runner runners[] = {&GemmScaleStatsKernel<Element, Table, Indices>::run...};
+  return runners[index](args, stream);
+}
+
+template <class Element, TileConfig const* Table, int Count>
+Status run_config(int index, GemmScaleStatsArgs const& args, cudaStream_t stream) {
+  return run_config_impl<Element, Table>(index, args, stream, std::make_integer_sequence<int, Count>{});
+}
+
+}  // namespace gemmbn::detail

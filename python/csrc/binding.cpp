@@ -1,0 +1,273 @@
+// gemmbn._C: the kernels behind a nanobind module. Arrays arrive by DLPack (torch tensors zero-copy),
+// the stream as an integer. Everything is checked here before a launch; a failed check raises and
+// launches nothing, so no output or running statistic moves. No torch headers, no torch link.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+
+#include "gemmbn/api.h"
+
+namespace nb = nanobind;
+using gemmbn::DType;
+using gemmbn::Status;
+
+namespace {
+
+using Array = nb::ndarray<>;
+using OptionalArray = std::optional<nb::ndarray<>>;
+
+[[noreturn]] void fail(const std::string& message) { throw nb::value_error(("gemmbn: " + message).c_str()); }
+
+std::string dtype_name(nb::dlpack::dtype t) {
+  if (t == nb::dtype<float>()) return "float32";
+  if (t == nb::dtype<double>()) return "float64";
+  if (t == nb::dtype<int64_t>()) return "int64";
+  if (t.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) return "bfloat16";
+  if (t.code == uint8_t(nb::dlpack::dtype_code::Float) && t.bits == 16) return "float16";
+  return "dtype(code=" + std::to_string(t.code) + ", bits=" + std::to_string(t.bits) + ")";
+}
+
+DType parse_dtype(const std::string& name) {
+  if (name == "float32") return DType::f32;
+  if (name == "bfloat16") return DType::bf16;
+  if (name == "float16") return DType::f16;
+  fail("dtype must be 'float32', 'bfloat16' or 'float16', got '" + name + "'");
+}
+
+const char* dtype_string(DType t) { return t == DType::f32 ? "float32" : t == DType::bf16 ? "bfloat16" : "float16"; }
+
+DType dtype_of(const Array& a, const char* name) {
+  const std::string n = dtype_name(a.dtype());
+  if (n == "float32" || n == "bfloat16" || n == "float16") return parse_dtype(n);
+  fail(std::string(name) + " has dtype " + n + "; accepted: float32, bfloat16, float16");
+}
+
+int current_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) fail("no CUDA device is available");
+  return device;
+}
+
+std::string shape_string(const Array& a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + "]";
+}
+
+// A CUDA array on the current device, C-contiguous, of the given shape and dtype name.
+void check(const Array& a, const char* name, std::initializer_list<int64_t> shape, const std::string& dtype) {
+  if (a.device_type() != nb::device::cuda::value) fail(std::string(name) + " must be a CUDA array");
+  if (a.device_id() != current_device()) {
+    fail(std::string(name) + " is on device " + std::to_string(a.device_id()) + ", the current device is " +
+         std::to_string(current_device()));
+  }
+  if (dtype_name(a.dtype()) != dtype) fail(std::string(name) + " must be " + dtype + ", got " + dtype_name(a.dtype()));
+  bool shape_ok = a.ndim() == shape.size();
+  size_t i = 0;
+  for (int64_t extent : shape) shape_ok = shape_ok && int64_t(a.shape(i++)) == extent;
+  if (!shape_ok) {
+    std::string want = "[";
+    i = 0;
+    for (int64_t extent : shape) want += (i++ ? ", " : "") + std::to_string(extent);
+    fail(std::string(name) + " must have shape " + want + "], got " + shape_string(a));
+  }
+  int64_t expected_stride = 1;
+  for (size_t d = a.ndim(); d-- > 0;) {
+    if (a.shape(d) != 1 && a.stride(d) != expected_stride) fail(std::string(name) + " must be C-contiguous");
+    expected_stride *= a.shape(d);
+  }
+}
+
+const void* optional_vector(const OptionalArray& a, const char* name, int64_t n, const std::string& dtype) {
+  if (!a) return nullptr;
+  check(*a, name, {n}, dtype);
+  return a->data();
+}
+
+int64_t* optional_counter(const OptionalArray& a) {
+  if (!a) return nullptr;
+  const bool scalar = a->ndim() == 0 || (a->ndim() == 1 && a->shape(0) == 1);
+  if (!scalar) fail("batches_tracked must hold one element, got shape " + shape_string(*a));
+  if (a->ndim() == 0) {
+    if (a->device_type() != nb::device::cuda::value || dtype_name(a->dtype()) != "int64") {
+      fail("batches_tracked must be a CUDA int64 array");
+    }
+  } else {
+    check(*a, "batches_tracked", {1}, "int64");
+  }
+  return static_cast<int64_t*>(a->data());
+}
+
+int checked_int(int64_t v, const char* name) {
+  if (v < 0 || v > INT32_MAX) fail(std::string(name) + " = " + std::to_string(v) + " is outside [0, 2^31)");
+  return static_cast<int>(v);
+}
+
+void raise_on_error(const Status& s) {
+  if (s) return;
+  if (s.code == Status::invalid_argument || s.code == Status::unsupported) fail(s.message);
+  std::string what = std::string("gemmbn: ") + s.message;
+  if (s.code == Status::cuda_error) what += ": " + std::string(cudaGetErrorString(s.cuda));
+  throw std::runtime_error(what);
+}
+
+cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "gemmbn kernels: fused GEMM + scale + BatchNorm statistics on Hopper (sm_90a)";
+
+  m.def("device_support", [](int device) -> std::pair<bool, std::string> {
+    Status s = gemmbn::device_support(device);
+    if (s.code == Status::cuda_error) return {false, std::string(s.message) + ": " + cudaGetErrorString(s.cuda)};
+    return {bool(s), s.message};
+  }, nb::arg("device"), "(True, '') where the fused kernels run on this CUDA device, else (False, reason).");
+
+  m.def("gemm_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K) -> std::pair<int, int> {
+    DType t = parse_dtype(dtype);
+    int m_ = checked_int(M, "M"), n_ = checked_int(N, "N"), k_ = checked_int(K, "K");
+    return {gemmbn::gemm_tile_rows(t, m_, n_, k_), gemmbn::gemm_tile_cols(t, m_, n_, k_)};
+  }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"),
+     "(tile_m, tile_n) of the GEMM configuration chosen for this problem; tile_m rows per statistics partial.");
+
+  m.def("gemm_scale_stats",
+        [](Array x, Array weight, Array y, OptionalArray bias, OptionalArray scale, OptionalArray gain,
+           OptionalArray shift, OptionalArray partial_mean, OptionalArray partial_m2,
+           OptionalArray batches_tracked, std::uintptr_t stream) {
+          if (x.ndim() != 2 || weight.ndim() != 2) fail("x and weight must be 2-D");
+          gemmbn::GemmScaleStatsArgs a;
+          a.dtype = dtype_of(x, "x");
+          const std::string dt = dtype_string(a.dtype);
+          a.M = checked_int(x.shape(0), "M");
+          a.K = checked_int(x.shape(1), "K");
+          a.N = checked_int(weight.shape(0), "N");
+          check(x, "x", {a.M, a.K}, dt);
+          check(weight, "weight", {a.N, a.K}, dt);
+          check(y, "y", {a.M, a.N}, dt);
+          a.x = x.data(), a.weight = weight.data(), a.y = y.data();
+          a.bias = optional_vector(bias, "bias", a.N, dt);
+          a.scale = optional_vector(scale, "scale", a.N, dt);
+          a.gain = static_cast<const float*>(optional_vector(gain, "gain", a.N, "float32"));
+          a.shift = static_cast<const float*>(optional_vector(shift, "shift", a.N, "float32"));
+          if (partial_mean.has_value() != partial_m2.has_value()) fail("partial_mean and partial_m2 go together");
+          if (partial_mean) {
+            const int64_t tiles = (a.M + gemmbn::gemm_tile_rows(a.dtype, a.M, a.N, a.K) - 1) /
+                                  gemmbn::gemm_tile_rows(a.dtype, a.M, a.N, a.K);
+            check(*partial_mean, "partial_mean", {tiles, a.N}, "float32");
+            check(*partial_m2, "partial_m2", {tiles, a.N}, "float32");
+            a.partial_mean = static_cast<float*>(partial_mean->data());
+            a.partial_m2 = static_cast<float*>(partial_m2->data());
+          }
+          a.batches_tracked = optional_counter(batches_tracked);
+          raise_on_error(gemmbn::gemm_scale_stats(a, as_stream(stream)));
+        },
+        nb::arg("x"), nb::arg("weight"), nb::arg("y"), nb::arg("bias").none(), nb::arg("scale").none(),
+        nb::arg("gain").none(), nb::arg("shift").none(), nb::arg("partial_mean").none(),
+        nb::arg("partial_m2").none(), nb::arg("batches_tracked").none(), nb::arg("stream"),
+        "y = ((x @ weight^T + bias) * scale) * gain + shift, with per-tile column mean/M2 of x @ weight^T.");
+
+  m.def("bias_scale_moments",
+        [](Array acc, Array y, OptionalArray bias, OptionalArray scale, Array partial_mean, Array partial_m2,
+           OptionalArray batches_tracked, int tile_rows, std::uintptr_t stream) {
+          if (acc.ndim() != 2) fail("acc must be 2-D");
+          gemmbn::BiasScaleMomentsArgs a;
+          a.M = checked_int(acc.shape(0), "M");
+          a.N = checked_int(acc.shape(1), "N");
+          if (tile_rows < 1) fail("tile_rows must be positive");
+          a.tile_rows = tile_rows;
+          const int64_t tiles = (int64_t(a.M) + tile_rows - 1) / tile_rows;
+          check(acc, "acc", {a.M, a.N}, "float32");
+          check(y, "y", {a.M, a.N}, "float32");
+          check(partial_mean, "partial_mean", {tiles, a.N}, "float32");
+          check(partial_m2, "partial_m2", {tiles, a.N}, "float32");
+          a.acc = static_cast<const float*>(acc.data());
+          a.y = static_cast<float*>(y.data());
+          a.bias = static_cast<const float*>(optional_vector(bias, "bias", a.N, "float32"));
+          a.scale = static_cast<const float*>(optional_vector(scale, "scale", a.N, "float32"));
+          a.partial_mean = static_cast<float*>(partial_mean.data());
+          a.partial_m2 = static_cast<float*>(partial_m2.data());
+          a.batches_tracked = optional_counter(batches_tracked);
+          raise_on_error(gemmbn::bias_scale_moments(a, as_stream(stream)));
+        },
+        nb::arg("acc"), nb::arg("y"), nb::arg("bias").none(), nb::arg("scale").none(), nb::arg("partial_mean"),
+        nb::arg("partial_m2"), nb::arg("batches_tracked").none(), nb::arg("tile_rows"), nb::arg("stream"),
+        "y = (acc + bias) * scale (float32), with per-tile column mean/M2 of acc.");
+
+  m.def("finish_normalize",
+        [](Array y, Array out, Array partial_mean, Array partial_m2, int tile_rows, OptionalArray bias,
+           OptionalArray scale, OptionalArray gamma, OptionalArray beta, OptionalArray running_mean,
+           OptionalArray running_var, OptionalArray batches_tracked, std::optional<double> momentum, double eps,
+           Array save_mean, Array save_invstd, std::uintptr_t stream) {
+          if (y.ndim() != 2) fail("y must be 2-D");
+          gemmbn::FinishNormalizeArgs a;
+          a.dtype = dtype_of(y, "y");
+          const std::string dt = dtype_string(a.dtype);
+          a.M = checked_int(y.shape(0), "M");
+          a.N = checked_int(y.shape(1), "N");
+          if (tile_rows < 1) fail("tile_rows must be positive");
+          a.tile_rows = tile_rows;
+          const int64_t tiles = (int64_t(a.M) + tile_rows - 1) / tile_rows;
+          check(y, "y", {a.M, a.N}, dt);
+          check(out, "out", {a.M, a.N}, dt);
+          check(partial_mean, "partial_mean", {tiles, a.N}, "float32");
+          check(partial_m2, "partial_m2", {tiles, a.N}, "float32");
+          check(save_mean, "save_mean", {a.N}, "float32");
+          check(save_invstd, "save_invstd", {a.N}, "float32");
+          if (running_mean.has_value() != running_var.has_value()) fail("running_mean and running_var go together");
+          if (!(eps > 0)) fail("eps must be positive");
+          a.y = y.data(), a.out = out.data();
+          a.partial_mean = static_cast<const float*>(partial_mean.data());
+          a.partial_m2 = static_cast<const float*>(partial_m2.data());
+          a.bias = optional_vector(bias, "bias", a.N, dt);
+          a.scale = optional_vector(scale, "scale", a.N, dt);
+          a.gamma = optional_vector(gamma, "gamma", a.N, dt);
+          a.beta = optional_vector(beta, "beta", a.N, dt);
+          a.running_mean = const_cast<void*>(optional_vector(running_mean, "running_mean", a.N, dt));
+          a.running_var = const_cast<void*>(optional_vector(running_var, "running_var", a.N, dt));
+          a.batches_tracked = optional_counter(batches_tracked);
+          a.cumulative = !momentum.has_value();
+          a.momentum = momentum.value_or(0.0);
+          a.eps = eps;
+          a.save_mean = static_cast<float*>(save_mean.data());
+          a.save_invstd = static_cast<float*>(save_invstd.data());
+          raise_on_error(gemmbn::finish_normalize(a, as_stream(stream)));
+        },
+        nb::arg("y"), nb::arg("out"), nb::arg("partial_mean"), nb::arg("partial_m2"), nb::arg("tile_rows"),
+        nb::arg("bias").none(), nb::arg("scale").none(), nb::arg("gamma").none(), nb::arg("beta").none(),
+        nb::arg("running_mean").none(), nb::arg("running_var").none(), nb::arg("batches_tracked").none(),
+        nb::arg("momentum").none(), nb::arg("eps"), nb::arg("save_mean"), nb::arg("save_invstd"), nb::arg("stream"),
+        "Merge the partials, update running statistics, out = (y - mean) * invstd * gamma + beta.");
+
+  m.def("fold_eval_affine",
+        [](OptionalArray gamma, OptionalArray beta, Array running_mean, Array running_var, double eps, Array gain,
+           Array shift, std::uintptr_t stream) {
+          if (running_mean.ndim() != 1) fail("running_mean must be 1-D");
+          gemmbn::FoldEvalAffineArgs a;
+          a.dtype = dtype_of(running_mean, "running_mean");
+          const std::string dt = dtype_string(a.dtype);
+          a.N = checked_int(running_mean.shape(0), "N");
+          check(running_mean, "running_mean", {a.N}, dt);
+          check(running_var, "running_var", {a.N}, dt);
+          check(gain, "gain", {a.N}, "float32");
+          check(shift, "shift", {a.N}, "float32");
+          if (!(eps > 0)) fail("eps must be positive");
+          a.gamma = optional_vector(gamma, "gamma", a.N, dt);
+          a.beta = optional_vector(beta, "beta", a.N, dt);
+          a.running_mean = running_mean.data(), a.running_var = running_var.data();
+          a.eps = eps;
+          a.gain = static_cast<float*>(gain.data());
+          a.shift = static_cast<float*>(shift.data());
+          raise_on_error(gemmbn::fold_eval_affine(a, as_stream(stream)));
+        },
+        nb::arg("gamma").none(), nb::arg("beta").none(), nb::arg("running_mean"), nb::arg("running_var"),
+        nb::arg("eps"), nb::arg("gain"), nb::arg("shift"), nb::arg("stream"),
+        "gain = gamma / sqrt(running_var + eps), shift = beta - running_mean * gain (float32 outputs).");
+}
