@@ -219,9 +219,12 @@ struct Sm90ColumnMoments {
       if constexpr (ReferenceSrc) return right_inverse(args.tiled_copy.get_layoutS_TV()).with_shape(tiler_mn);
       else return right_inverse(args.tiled_copy.get_layoutD_TV()).with_shape(tiler_mn);
     }();
+    // tv index = thread + threads * value; the trailing size-1 mode absorbs the value part, so the
+    // warp index wraps instead of growing with the value index.
     using Warps = Int<decltype(args.tiled_copy)::TiledNumThr::value / cutlass::NumThreadsPerWarp>;
-    auto tile_to_lane = composition(Layout<Shape<Int<cutlass::NumThreadsPerWarp>, Warps>, Stride<_1, _0>>{}, tile_to_tv);
-    auto tile_to_warp = composition(Layout<Shape<Int<cutlass::NumThreadsPerWarp>, Warps>, Stride<_0, _1>>{}, tile_to_tv);
+    using Lanes = Int<cutlass::NumThreadsPerWarp>;
+    auto tile_to_lane = composition(Layout<Shape<Lanes, Warps, _1>, Stride<_1, _0, _0>>{}, tile_to_tv);
+    auto tile_to_warp = composition(Layout<Shape<Lanes, Warps, _1>, Stride<_0, _1, _0>>{}, tile_to_tv);
     auto lane_layout_mn = make_layout(filter(get<0>(tile_to_lane)), filter(get<1>(tile_to_lane)));
     auto warp_layout_mn = make_layout(filter(get<0>(tile_to_warp)), filter(get<1>(tile_to_warp)));
     // Linear index along M of this lane / warp (the M modes may be hierarchical, e.g. (4,2)).
