@@ -13,7 +13,7 @@ constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // 8
 constexpr int kCols = kLanesPerRow * 4;
 
 // Block (column chunk, tile t): y[m, n] = (acc[m, n] + b[n]) s[n] for the tile's rows, and
-//   partial_mean[t, n], partial_m2[t, n] = mean and sum of squared deviations of acc[m, n] over them
+//   partial_mean[t, n], partial_m2[t, n] = mean and sum of squared deviations of y[m, n] over them
 // (each thread shifts by its first value, then threads are Chan-merged in a fixed order).
 __global__ void __launch_bounds__(kThreads) bias_scale_moments_kernel(BiasScaleMomentsArgs p) {
   __shared__ float merged[3][kRowsPerPass][kCols];
@@ -28,8 +28,8 @@ __global__ void __launch_bounds__(kThreads) bias_scale_moments_kernel(BiasScaleM
 #pragma unroll
     for (int i = 0; i < 4; ++i) b[i] = p.bias ? p.bias[col + i] : 0.f, s[i] = p.scale ? p.scale[col + i] : 1.f;
     for (int64_t r = row_begin + row_in_pass; r < row_end; r += kRowsPerPass) {
-      const float4 v4 = *reinterpret_cast<const float4*>(p.acc + r * p.N + col);
-      const float v[4] = {v4.x, v4.y, v4.z, v4.w};
+      const float4 a4 = *reinterpret_cast<const float4*>(p.acc + r * p.N + col);
+      const float v[4] = {(a4.x + b[0]) * s[0], (a4.y + b[1]) * s[1], (a4.z + b[2]) * s[2], (a4.w + b[3]) * s[3]};
       if (count == 0.f) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) shift[i] = v[i];
@@ -41,8 +41,7 @@ __global__ void __launch_bounds__(kThreads) bias_scale_moments_kernel(BiasScaleM
         sum2[i] = fmaf(d, d, sum2[i]);
       }
       count += 1.f;
-      *reinterpret_cast<float4*>(p.y + r * p.N + col) =
-          make_float4((v[0] + b[0]) * s[0], (v[1] + b[1]) * s[1], (v[2] + b[2]) * s[2], (v[3] + b[3]) * s[3]);
+      *reinterpret_cast<float4*>(p.y + r * p.N + col) = make_float4(v[0], v[1], v[2], v[3]);
     }
   }
 #pragma unroll

@@ -4,7 +4,6 @@
 #include "gemmbn/api.h"
 #include "gemmbn/device_info.h"
 #include "gemmbn/elementwise.cuh"
-#include "gemmbn/moments.cuh"
 
 namespace gemmbn {
 namespace {
@@ -23,7 +22,7 @@ struct FinishParams {
   const float* partial_mean;
   const float* partial_m2;
   int tiles, tile_rows;
-  const T *bias, *scale, *gamma, *beta;
+  const T *gamma, *beta;
   T *running_mean, *running_var;
   const int64_t* batches_tracked;
   bool cumulative;
@@ -32,56 +31,73 @@ struct FinishParams {
   int64_t rows_per_block;
 };
 
-// Per column n of the block: merge partials t = 0..tiles-1 (Chan, fp64) into mean/var of acc, then
-//   alpha[n] = gamma / sqrt(var_y + eps), delta[n] = beta - mean_y alpha   (mean_y = (mean + b) s, var_y = s^2 var)
-// and out[m, n] = y[m, n] alpha[n] + delta[n] for the block's rows. Blocks of row 0 update running stats.
-// Every block merges its columns itself (the partials are L2-resident and small), so there is no
-// second launch and no inter-block dependency; the merge order is fixed, so all blocks agree bitwise.
+// Per column n of the block, from the per-tile partials (n_t rows, mean_t, M2_t) of y:
+//   mean_y = sum_t n_t mean_t / M,   var_y = (sum_t M2_t + n_t (mean_t - mean_y)^2) / M     (fp64)
+//   alpha[n] = gamma / sqrt(var_y + eps), delta[n] = beta - mean_y alpha
+// then out[m, n] = y[m, n] alpha[n] + delta[n] for the block's rows. Blocks of row 0 update running stats.
+// NOTES:
+// - The second pass is Chan's merge written for all tiles at once (parallel-axis theorem): deviations
+//   are taken from the final mean, so nothing cancels, and the iterations are independent (no
+//   division chain), so the L2-resident partials stream in.
+// - Every block merges its own columns (no second launch, no inter-block dependency); the order is
+//   fixed, so all blocks agree bitwise.
 template <class T>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
   using Vec = Vector16<T>;
   constexpr int kCols = kLanesPerRow * Vec::kSize;  // columns per block
-  constexpr int kGroups = kThreads / kCols;         // threads merging one column (each a range of tiles)
+  constexpr int kGroups = kThreads / kCols;         // threads per column, each a range of tiles
   static_assert(kGroups >= 1 && kThreads % kCols == 0, "block shape");
-  __shared__ double merged_n[kGroups][kCols], merged_mean[kGroups][kCols], merged_m2[kGroups][kCols];
+  __shared__ double group_sum[kGroups][kCols];
   __shared__ float alpha_s[kCols], delta_s[kCols];
 
   const int col0 = blockIdx.x * kCols;
-  {
-    const int c = threadIdx.x % kCols, group = threadIdx.x / kCols, col = col0 + c;
-    double n = 0, mean = 0, m2 = 0;
-    if (col < p.N) {
-      const int per_group = (p.tiles + kGroups - 1) / kGroups;
-      const int t_end = min(p.tiles, (group + 1) * per_group);
-      for (int t = group * per_group; t < t_end; ++t) {
-        const double rows = static_cast<double>(min(int64_t(p.tile_rows), p.M - int64_t(t) * p.tile_rows));
-        const int64_t at = int64_t(t) * p.N + col;
-        chan_merge(n, mean, m2, rows, static_cast<double>(p.partial_mean[at]), static_cast<double>(p.partial_m2[at]));
-      }
-    }
-    merged_n[group][c] = n, merged_mean[group][c] = mean, merged_m2[group][c] = m2;
+  const int c = threadIdx.x % kCols, group = threadIdx.x / kCols, col = col0 + c;
+  const int per_group = (p.tiles + kGroups - 1) / kGroups;
+  const int t_begin = group * per_group, t_end = min(p.tiles, t_begin + per_group);
+  auto tile_rows = [&](int t) { return static_cast<double>(min(int64_t(p.tile_rows), p.M - int64_t(t) * p.tile_rows)); };
+
+  double sum = 0;
+  if (col < p.N) {
+#pragma unroll 4
+    for (int t = t_begin; t < t_end; ++t) sum += tile_rows(t) * p.partial_mean[int64_t(t) * p.N + col];
   }
+  group_sum[group][c] = sum;
+  __syncthreads();
+  double mean = 0;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) mean += group_sum[g][c];
+  mean /= static_cast<double>(p.M);
+  __syncthreads();  // group_sum is reused below
+
+  double m2 = 0;
+  if (col < p.N) {
+#pragma unroll 4
+    for (int t = t_begin; t < t_end; ++t) {
+      const int64_t at = int64_t(t) * p.N + col;
+      const double deviation = p.partial_mean[at] - mean;
+      m2 += p.partial_m2[at] + tile_rows(t) * deviation * deviation;
+    }
+  }
+  group_sum[group][c] = m2;
   __syncthreads();
   if (threadIdx.x < kCols) {
-    const int c = threadIdx.x, col = col0 + c;
-    double n = merged_n[0][c], mean = merged_mean[0][c], m2 = merged_m2[0][c];
-    for (int g = 1; g < kGroups; ++g) chan_merge(n, mean, m2, merged_n[g][c], merged_mean[g][c], merged_m2[g][c]);
+    m2 = 0;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) m2 += group_sum[g][c];
     float alpha = 0.f, delta = 0.f;
     if (col < p.N) {
-      const double s = load_or(p.scale, col, 1.0);
-      const double mean_y = (mean + load_or(p.bias, col, 0.0)) * s;
-      const double var_y = s * s * (m2 / n);
+      const double var_y = m2 / static_cast<double>(p.M);
       const double invstd = 1.0 / sqrt(var_y + p.eps);
       const double a = load_or(p.gamma, col, 1.0) * invstd;
       alpha = static_cast<float>(a);
-      delta = static_cast<float>(load_or(p.beta, col, 0.0) - mean_y * a);
+      delta = static_cast<float>(load_or(p.beta, col, 0.0) - mean * a);
       if (blockIdx.y == 0) {
-        p.save_mean[col] = static_cast<float>(mean_y);
+        p.save_mean[col] = static_cast<float>(mean);
         p.save_invstd[col] = static_cast<float>(invstd);
         if (p.running_mean != nullptr) {
           const double f = p.cumulative ? 1.0 / static_cast<double>(*p.batches_tracked) : p.momentum;
           const double unbiased = var_y * static_cast<double>(p.M) / static_cast<double>(p.M - 1);
-          p.running_mean[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_mean[col]) + f * mean_y));
+          p.running_mean[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_mean[col]) + f * mean));
           p.running_var[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_var[col]) + f * unbiased));
         }
       }
@@ -91,8 +107,8 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
   __syncthreads();
 
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
-  const int col = col0 + lane * Vec::kSize;
-  if (col >= p.N) return;
+  const int vector_col = col0 + lane * Vec::kSize;
+  if (vector_col >= p.N) return;
   float alpha[Vec::kSize], delta[Vec::kSize];
 #pragma unroll
   for (int i = 0; i < Vec::kSize; ++i) alpha[i] = alpha_s[lane * Vec::kSize + i], delta[i] = delta_s[lane * Vec::kSize + i];
@@ -104,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t row = r + u * kRowsPerPass;
-      if (row < row_end) v[u].load(p.y + row * p.N + col);
+      if (row < row_end) v[u].load(p.y + row * p.N + vector_col);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -112,7 +128,7 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
       if (row >= row_end) continue;
 #pragma unroll
       for (int i = 0; i < Vec::kSize; ++i) v[u].set(i, fmaf(v[u].get(i), alpha[i], delta[i]));
-      v[u].store(p.out + row * p.N + col);
+      v[u].store(p.out + row * p.N + vector_col);
     }
   }
 }
@@ -147,8 +163,7 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
     const int64_t step = kRowsPerPass * kUnroll;
     const int64_t rows_per_block = ((a.M + row_chunks - 1) / row_chunks + step - 1) / step * step;
     FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
-                      static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows,
-                      static_cast<const T*>(a.bias), static_cast<const T*>(a.scale), static_cast<const T*>(a.gamma),
+                      static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
                       static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
                       a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, rows_per_block};
     dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>((a.M + rows_per_block - 1) / rows_per_block));

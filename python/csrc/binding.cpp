@@ -172,7 +172,7 @@ NB_MODULE(_C, m) {
         nb::arg("x"), nb::arg("weight"), nb::arg("y"), nb::arg("bias").none(), nb::arg("scale").none(),
         nb::arg("gain").none(), nb::arg("shift").none(), nb::arg("partial_mean").none(),
         nb::arg("partial_m2").none(), nb::arg("batches_tracked").none(), nb::arg("stream"),
-        "y = ((x @ weight^T + bias) * scale) * gain + shift, with per-tile column mean/M2 of x @ weight^T.");
+        "y = ((x @ weight^T + bias) * scale) * gain + shift, with per-tile column mean/M2 of y as stored.");
 
   m.def("bias_scale_moments",
         [](Array acc, Array y, OptionalArray bias, OptionalArray scale, Array partial_mean, Array partial_m2,
@@ -199,11 +199,11 @@ NB_MODULE(_C, m) {
         },
         nb::arg("acc"), nb::arg("y"), nb::arg("bias").none(), nb::arg("scale").none(), nb::arg("partial_mean"),
         nb::arg("partial_m2"), nb::arg("batches_tracked").none(), nb::arg("tile_rows"), nb::arg("stream"),
-        "y = (acc + bias) * scale (float32), with per-tile column mean/M2 of acc.");
+        "y = (acc + bias) * scale (float32), with per-tile column mean/M2 of y.");
 
   m.def("finish_normalize",
-        [](Array y, Array out, Array partial_mean, Array partial_m2, int tile_rows, OptionalArray bias,
-           OptionalArray scale, OptionalArray gamma, OptionalArray beta, OptionalArray running_mean,
+        [](Array y, Array out, Array partial_mean, Array partial_m2, int tile_rows, OptionalArray gamma,
+           OptionalArray beta, OptionalArray running_mean,
            OptionalArray running_var, OptionalArray batches_tracked, std::optional<double> momentum, double eps,
            Array save_mean, Array save_invstd, std::uintptr_t stream) {
           if (y.ndim() != 2) fail("y must be 2-D");
@@ -226,8 +226,6 @@ NB_MODULE(_C, m) {
           a.y = y.data(), a.out = out.data();
           a.partial_mean = static_cast<const float*>(partial_mean.data());
           a.partial_m2 = static_cast<const float*>(partial_m2.data());
-          a.bias = optional_vector(bias, "bias", a.N, dt);
-          a.scale = optional_vector(scale, "scale", a.N, dt);
           a.gamma = optional_vector(gamma, "gamma", a.N, dt);
           a.beta = optional_vector(beta, "beta", a.N, dt);
           a.running_mean = const_cast<void*>(optional_vector(running_mean, "running_mean", a.N, dt));
@@ -241,7 +239,7 @@ NB_MODULE(_C, m) {
           raise_on_error(gemmbn::finish_normalize(a, as_stream(stream)));
         },
         nb::arg("y"), nb::arg("out"), nb::arg("partial_mean"), nb::arg("partial_m2"), nb::arg("tile_rows"),
-        nb::arg("bias").none(), nb::arg("scale").none(), nb::arg("gamma").none(), nb::arg("beta").none(),
+        nb::arg("gamma").none(), nb::arg("beta").none(),
         nb::arg("running_mean").none(), nb::arg("running_var").none(), nb::arg("batches_tracked").none(),
         nb::arg("momentum").none(), nb::arg("eps"), nb::arg("save_mean"), nb::arg("save_invstd"), nb::arg("stream"),
         "Merge the partials, update running statistics, out = (y - mean) * invstd * gamma + beta.");

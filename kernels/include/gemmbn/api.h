@@ -1,7 +1,7 @@
 // gemmbn kernel API: raw device pointers, sizes and a stream in; a Status out. No torch headers.
 //
 // Training forward of BatchNorm1d(Linear(x) * scale), two launches:
-//   gemm_scale_stats  y = (x W^T + b) * s, plus per-(M-tile, column) mean and M2 of acc = x W^T
+//   gemm_scale_stats  y = (x W^T + b) * s, plus per-(M-tile, column) mean and M2 of y
 //   finish_normalize  merge the partials, update running statistics, out = y * alpha + delta
 // Eval forward: fold_eval_affine (per-column gain/shift) + gemm_scale_stats with that affine.
 #pragma once
@@ -30,8 +30,8 @@ struct Status {
 
 // The GEMM and its epilogue:
 //   y[m, n] = ((acc[m, n] + bias[n]) * scale[n]) * gain[n] + shift[n],   acc = x @ weight^T (fp32)
-//   partial_mean[t, n], partial_m2[t, n] = mean and sum of squared deviations of acc[m, n] over the
-//   valid rows m of M-tile t (tile height = gemm_tile_rows(...)).
+//   partial_mean[t, n], partial_m2[t, n] = mean and sum of squared deviations of y[m, n] as stored
+//   (rounded to dtype) over the valid rows m of M-tile t (tile height = gemm_tile_rows(...)).
 // Null vectors take the identity (bias 0, scale 1, gain 1, shift 0); null partials skip the statistics.
 // batches_tracked, if not null, is incremented once by the launch (so the finish kernel, later on the
 // same stream, reads the new count for momentum=None).
@@ -56,8 +56,8 @@ int gemm_tile_rows(DType dtype, int M, int N, int K);
 int gemm_tile_cols(DType dtype, int M, int N, int K);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 
-// y = (acc + bias) * scale in place or into y, with the same partials as gemm_scale_stats over tiles
-// of tile_rows rows (fp32 only: the interim fp32-exact path after an SGEMM).
+// y = (acc + bias) * scale in place or into y, with the same partials of y as gemm_scale_stats over
+// tiles of tile_rows rows (fp32 only: the interim fp32-exact path after an SGEMM).
 struct BiasScaleMomentsArgs {
   const float* acc = nullptr;  // [M, N]
   float* y = nullptr;          // [M, N], may equal acc
@@ -71,8 +71,7 @@ struct BiasScaleMomentsArgs {
 };
 Status bias_scale_moments(const BiasScaleMomentsArgs& args, cudaStream_t stream);
 
-// Merge the per-tile partials (Chan's formula, fixed order, fp64), then
-//   mean_y = (mean_acc + bias) * scale,  var_y = scale^2 * var_acc (biased)
+// Merge the per-tile partials of y (Chan's formula, fixed order, fp64) into mean_y and var_y (biased):
 //   out = (y - mean_y) / sqrt(var_y + eps) * gamma + beta      (out may alias y)
 //   running_mean <- (1-f) running_mean + f mean_y;  running_var <- (1-f) running_var + f var_y M/(M-1)
 //   f = momentum, or 1 / batches_tracked when cumulative (momentum=None).
@@ -84,8 +83,6 @@ struct FinishNormalizeArgs {
   const float* partial_mean = nullptr;
   const float* partial_m2 = nullptr;
   int tile_rows = 128;
-  const void* bias = nullptr;
-  const void* scale = nullptr;
   const void* gamma = nullptr;
   const void* beta = nullptr;
   void* running_mean = nullptr;  // both or neither

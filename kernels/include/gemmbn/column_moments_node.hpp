@@ -136,7 +136,7 @@ struct Sm90ColumnMoments {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kSlots; ++j) {
         float n = slot_n(j);
-        float mean_offset = n > 0.f ? slot_s1(j) / n : 0.f;
+        float mean_offset = n > 0.f ? __fdividef(slot_s1(j), n) : 0.f;  // n <= tile rows: exact to ~2 ulp
         slot_mean(j) = n > 0.f ? slot_mean(j) + mean_offset : 0.f;
         slot_m2(j) = fmaxf(fmaf(-slot_s1(j), mean_offset, slot_m2(j)), 0.f);
       }

@@ -32,18 +32,20 @@ struct GemmScaleStatsKernel {
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
 
   // Epilogue visitor tree, leaves first:
-  using Acc = fusion::Sm90AccFetch;                                              // acc = x @ W^T
-  using Moments = fusion::Sm90EVT<epilogue::Sm90ColumnMoments<TileShape>, Acc>;  // partial mean, M2 of acc
-  using Bias = fusion::Sm90RowBroadcast<0, TileShape, Element, float>;          // b[n]
-  using Scale = fusion::Sm90RowBroadcast<0, TileShape, Element, float>;         // s[n]
-  using Gain = fusion::Sm90RowBroadcast<0, TileShape, float, float>;            // gain[n] (eval: folded BN)
-  using Shift = fusion::Sm90RowBroadcast<0, TileShape, float, float>;           // shift[n]
+  using Acc = fusion::Sm90AccFetch;                                      // acc = x @ W^T
+  using Bias = fusion::Sm90RowBroadcast<0, TileShape, Element, float>;  // b[n]
+  using Scale = fusion::Sm90RowBroadcast<0, TileShape, Element, float>; // s[n]
+  using Gain = fusion::Sm90RowBroadcast<0, TileShape, float, float>;    // gain[n] (eval: folded BN)
+  using Shift = fusion::Sm90RowBroadcast<0, TileShape, float, float>;   // shift[n]
   using AddBias = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,  // acc + b
-                                  Moments, Bias>;
+                                  Acc, Bias>;
   using MulScale = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,  // (acc + b) s
                                    AddBias, Scale>;
-  using Output = fusion::Sm90EVT<  // y = (acc + b) s gain + shift, rounded to Element
+  using Affine = fusion::Sm90EVT<  // y = (acc + b) s gain + shift, rounded to Element
       fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>, MulScale, Gain, Shift>;
+  // Partial mean, M2 of y as stored (after rounding to Element), so the statistics describe exactly
+  // the values finish_normalize normalizes, as PyTorch's BatchNorm sees its (rounded) input.
+  using Output = fusion::Sm90EVT<epilogue::Sm90ColumnMoments<TileShape>, Affine>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -76,16 +78,15 @@ struct GemmScaleStatsKernel {
     auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, make_shape(a.M, a.N, 1));
 
     typename Output::Arguments epilogue_tree{
-        {                                                                // MulScale
-            {                                                            // AddBias
-                {{}, {a.partial_mean, a.partial_m2, a.batches_tracked}},  // Moments(Acc)
-                {static_cast<Element const*>(a.bias), Element(0.f), {}},  // Bias
+        {                                                                   // Affine
+            {                                                               // MulScale
+                {{}, {static_cast<Element const*>(a.bias), Element(0.f), {}}, {}},  // AddBias(Acc, Bias)
+                {static_cast<Element const*>(a.scale), Element(1.f), {}},          // Scale
                 {}},
-            {static_cast<Element const*>(a.scale), Element(1.f), {}},  // Scale
+            {a.gain, 1.f, {}},   // Gain
+            {a.shift, 0.f, {}},  // Shift
             {}},
-        {a.gain, 1.f, {}},   // Gain
-        {a.shift, 0.f, {}},  // Shift
-        {}};
+        {a.partial_mean, a.partial_m2, a.batches_tracked}};  // Moments
 
     cutlass::KernelHardwareInfo hw_info;
     cudaError_t device_error = current_device_info(hw_info.device_id, hw_info.sm_count);

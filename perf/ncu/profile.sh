@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Profile the two training-forward kernels with Nsight Compute (clocks left alone).
+#   bash perf/ncu/profile.sh OUT_DIR [launch_once.py args]
+# Build with -Ccmake.define.GEMMBN_LINEINFO=ON first for source-level attribution.
+# Writes OUT_DIR/gemm.ncu-rep and OUT_DIR/finish.ncu-rep plus text summaries (see perf/ncu/README.md).
+set -euo pipefail
+out=$1; shift
+mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
+common=(--clock-control none --import-source yes --set full -c 1)
+ncu "${common[@]}" -k regex:device_kernel -o "$out/gemm" -f python3 "$here/launch_once.py" "$@" > "$out/gemm.ncu.log" 2>&1
+ncu "${common[@]}" -k regex:finish_normalize -o "$out/finish" -f python3 "$here/launch_once.py" "$@" > "$out/finish.ncu.log" 2>&1
+for k in gemm finish; do
+  ncu -i "$out/$k.ncu-rep" --page details > "$out/$k.details.txt"
+  ncu -i "$out/$k.ncu-rep" --page source --csv --print-source sass > "$out/$k.sass.csv" 2>/dev/null || true
+done
