@@ -1,0 +1,92 @@
+"""GemmScaleBatchNorm: a drop-in for BatchNorm1d(Linear(x) * scale) running the fused kernels."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from . import precision as precision_mod
+from .functional import linear_scale_batch_norm
+
+
+class GemmScaleBatchNorm(nn.Module):
+    """out = BatchNorm1d(Linear(x) * scale), with nn.BatchNorm1d's training/eval semantics.
+
+    Parameters and buffers carry the reference model's names (``gemm``, ``scale``, ``bn``) and are
+    created in the same order, so one seed gives identical parameters and state_dicts load both ways.
+    ``precision`` ("highest", "high", "medium" or None = follow torch.get_float32_matmul_precision())
+    picks the float32 GEMM; bf16/fp16 always run the native kernels.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        scale_shape,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        *,
+        bias: bool = True,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        precision: str | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.precision = None if precision is None else precision_mod.validate(precision)
+        # Same construction order as the reference Model: Linear, then scale, then BatchNorm1d.
+        self.gemm = nn.Linear(in_features, out_features, bias=bias, **factory)
+        self.scale = nn.Parameter(torch.randn(scale_shape, **factory))
+        self.bn = nn.BatchNorm1d(
+            out_features, eps=eps, momentum=momentum, affine=affine, track_running_stats=track_running_stats, **factory
+        )
+
+    @classmethod
+    def from_module(cls, model: nn.Module, precision: str | None = None) -> GemmScaleBatchNorm:
+        """A GemmScaleBatchNorm sharing ``model``'s gemm (nn.Linear), scale and bn (nn.BatchNorm1d): no copies."""
+        gemm, scale, bn = (getattr(model, name, None) for name in ("gemm", "scale", "bn"))
+        if not isinstance(gemm, nn.Linear) or not isinstance(bn, nn.BatchNorm1d) or not isinstance(scale, Tensor):
+            raise TypeError(
+                "from_module expects a model with gemm (nn.Linear), scale (Tensor) and bn (nn.BatchNorm1d), "
+                f"got {type(model).__name__}"
+            )
+        if gemm.out_features != bn.num_features:
+            raise ValueError(f"gemm has {gemm.out_features} output features but bn normalizes {bn.num_features}")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.precision = None if precision is None else precision_mod.validate(precision)
+        module.gemm, module.bn = gemm, bn
+        if isinstance(scale, nn.Parameter):
+            module.scale = scale
+        else:
+            module.register_buffer("scale", scale)  # a plain tensor stays a buffer, keeping state_dict keys
+        module.training = model.training
+        return module
+
+    def forward(self, x: Tensor) -> Tensor:
+        """out = bn(gemm(x) * scale), reading bn's current mode, momentum, eps and buffers like nn.BatchNorm1d."""
+        bn = self.bn
+        tracking = bn.training and bn.track_running_stats
+        # nn.BatchNorm1d passes its buffers unless training without tracking.
+        use_buffers = not bn.training or bn.track_running_stats
+        return linear_scale_batch_norm(
+            x,
+            self.gemm.weight,
+            self.gemm.bias,
+            self.scale,
+            bn.weight,
+            bn.bias,
+            bn.running_mean if use_buffers else None,
+            bn.running_var if use_buffers else None,
+            bn.num_batches_tracked if tracking else None,
+            bn.training,
+            bn.momentum,
+            bn.eps,
+            self.precision,
+        )
+
+    def extra_repr(self) -> str:
+        follow = " (follows torch.get_float32_matmul_precision())" if self.precision is None else ""
+        return f"precision={self.precision!r}{follow}"

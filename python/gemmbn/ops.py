@@ -1,0 +1,251 @@
+"""The gemmbn custom operators (torch.library.custom_op), their fake implementations and autograd.
+
+- ``gemmbn::linear_scale_bn_train``: forward with batch statistics (training, or eval without running
+  statistics); updates running_mean/running_var/num_batches_tracked in place.
+- ``gemmbn::linear_scale_bn_eval``: forward with the running statistics.
+
+Each implementation decides once: the fused kernels when plan.fused_plan allows them, else the
+PyTorch reference, with a GemmBnFallbackWarning naming the reason (once per reason).
+
+How calls reach them (``forward_train`` and ``forward_eval`` below):
+- under torch.compile, through the operators, which the compiler sees as opaque nodes with fakes;
+- in eager mode, straight into the same implementation functions: the dispatcher's Python layers
+  around a custom op cost tens of microseconds per call, a sizable part of a fused forward.
+Autograd: PyTorch refuses ``register_autograd`` on an operator that mutates its inputs ("Cannot
+register autograd formula for non-functional operator"), so the gradients are attached by the
+autograd.Functions below, which torch.compile traces (fullgraph included). The eval operator, which
+mutates nothing, also registers its formula directly, so it is differentiable on its own.
+"""
+
+# No `from __future__ import annotations` here: custom_op infers the schema from real annotations.
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import backward, fused, reference
+from . import precision as precision_mod
+from .fallback import warn_once
+from .plan import fused_plan
+
+
+def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None else t.contiguous()
+
+
+def _prepare(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, batches_tracked=None):
+    """Contiguous operands (x, weight, bias, scale, gamma, beta) and plan.fused_plan's verdict on them.
+
+    The running statistics are updated in place, so they are never copied: the plan checks them as given.
+    """
+    operands = tuple(map(_contiguous, (x, weight, bias, scale, gamma, beta)))
+    x, weight, bias, scale, gamma, beta = operands
+    vectors = {"bias": bias, "scale": scale, "gamma": gamma, "beta": beta,
+               "running_mean": running_mean, "running_var": running_var}  # fmt: skip
+    return operands, fused_plan(x, weight, vectors, eps, batches_tracked)
+
+
+def _output_dtype(x: Tensor, scale: Tensor) -> torch.dtype:
+    # y = linear(x) * scale promotes like PyTorch; batch_norm keeps its input's dtype.
+    return torch.promote_types(x.dtype, scale.dtype)
+
+
+def _requires_grad(*tensors: Optional[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+# --- training (batch statistics) --------------------------------------------------------------
+
+
+def _train_impl(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    scale: Tensor,
+    gamma: Optional[Tensor],
+    beta: Optional[Tensor],
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    num_batches_tracked: Optional[Tensor],
+    momentum: Optional[float],
+    eps: float,
+    precision: str,
+    keep_pre_norm: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(out, pre_norm, save_mean, save_invstd): out = (y - mean_m y)/sqrt(var_m y + eps) gamma + beta, y = (xW^T + b)s.
+
+    Updates running_mean/var (if given) with ``momentum`` (None: 1/num_batches_tracked) and
+    increments num_batches_tracked (if given). ``scale`` is a [N] vector. pre_norm is y when
+    ``keep_pre_norm``, else empty; save_mean/save_invstd are float32 [N] (float64 for float64 data).
+    ``precision``: "highest", "high", "medium" or "default" (torch.get_float32_matmul_precision()).
+    """
+    precision = precision_mod.normalize(precision)
+    reference.check_batch_size(x.shape[0], weight.shape[0])
+    (x, weight, bias, scale, gamma, beta), reason = _prepare(
+        x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, num_batches_tracked
+    )
+    if reason is None:
+        return fused.train_forward(
+            x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+            momentum, eps, precision_mod.resolve(x.dtype, precision), keep_pre_norm,
+        )  # fmt: skip
+    warn_once(reason)
+    with precision_mod.float32_matmul_precision(precision):
+        return reference.linear_scale_batch_norm(
+            x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+            True, momentum, eps, keep_pre_norm=keep_pre_norm,
+        )  # fmt: skip
+
+
+linear_scale_bn_train = torch.library.custom_op(
+    "gemmbn::linear_scale_bn_train", _train_impl, mutates_args=("running_mean", "running_var", "num_batches_tracked")
+)
+
+
+@linear_scale_bn_train.register_fake
+def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+      momentum, eps, precision, keep_pre_norm):  # fmt: skip
+    M, N = x.shape[0], weight.shape[0]
+    dtype = _output_dtype(x, scale)
+    stats_dtype = reference.statistics_dtype(dtype)
+    out = x.new_empty((M, N), dtype=dtype)
+    pre_norm = x.new_empty((M, N) if keep_pre_norm else (0,), dtype=dtype)
+    return out, pre_norm, x.new_empty(N, dtype=stats_dtype), x.new_empty(N, dtype=stats_dtype)
+
+
+def _run_train(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The operator under torch.compile, its implementation directly in eager mode (same arguments)."""
+    return linear_scale_bn_train(*args) if torch.compiler.is_compiling() else _train_impl(*args)
+
+
+class _TrainFunction(torch.autograd.Function):
+    """Autograd for the training forward (the operator itself cannot register a formula: it mutates)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        x, weight, bias, scale, gamma, beta = args[:6]
+        out, pre_norm, save_mean, save_invstd = _run_train(*args)
+        ctx.save_for_backward(x, weight, bias, scale, gamma, beta, pre_norm, save_mean, save_invstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias, scale, gamma, beta, pre_norm, save_mean, save_invstd = ctx.saved_tensors
+        grads = backward.train_backward(
+            dout, x, weight, bias, scale, gamma, beta, pre_norm, save_mean, save_invstd, ctx.needs_input_grad[:6]
+        )
+        return (*grads, None, None, None, None, None, None, None)
+
+
+def forward_train(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    scale: Tensor,
+    gamma: Optional[Tensor],
+    beta: Optional[Tensor],
+    running_mean: Optional[Tensor],
+    running_var: Optional[Tensor],
+    num_batches_tracked: Optional[Tensor],
+    momentum: Optional[float],
+    eps: float,
+    precision: str,
+) -> Tensor:
+    """Differentiable out of linear_scale_bn_train (same arguments; y is kept only when grads are needed)."""
+    args = (x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+            momentum, eps, precision)  # fmt: skip
+    if _requires_grad(x, weight, bias, scale, gamma, beta):
+        return _TrainFunction.apply(*args, True)
+    return _run_train(*args, False)[0]
+
+
+# --- eval (running statistics) ----------------------------------------------------------------
+
+
+def _eval_impl(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    scale: Tensor,
+    gamma: Optional[Tensor],
+    beta: Optional[Tensor],
+    running_mean: Tensor,
+    running_var: Tensor,
+    eps: float,
+    precision: str,
+) -> Tensor:
+    """out = ((x W^T + b) s - running_mean) / sqrt(running_var + eps) * gamma + beta; ``scale`` is a [N] vector."""
+    precision = precision_mod.normalize(precision)
+    (x, weight, bias, scale, gamma, beta), reason = _prepare(
+        x, weight, bias, scale, gamma, beta, running_mean, running_var, eps
+    )
+    if reason is None:
+        gemm_kind = precision_mod.resolve(x.dtype, precision)
+        return fused.eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, gemm_kind)
+    warn_once(reason)
+    with precision_mod.float32_matmul_precision(precision):
+        out, _, _, _ = reference.linear_scale_batch_norm(
+            x, weight, bias, scale, gamma, beta, running_mean, running_var, None, False, None, eps
+        )
+    return out
+
+
+linear_scale_bn_eval = torch.library.custom_op("gemmbn::linear_scale_bn_eval", _eval_impl, mutates_args=())
+
+
+@linear_scale_bn_eval.register_fake
+def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision):
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=_output_dtype(x, scale))
+
+
+def _run_eval(*args) -> Tensor:
+    """The operator under torch.compile, its implementation directly in eager mode (same arguments)."""
+    return linear_scale_bn_eval(*args) if torch.compiler.is_compiling() else _eval_impl(*args)
+
+
+def _eval_setup_context(ctx, inputs, output):
+    x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, _ = inputs
+    ctx.save_for_backward(x, weight, bias, scale, gamma, beta, running_mean, running_var)
+    ctx.eps = eps
+
+
+def _eval_backward(ctx, dout):
+    x, weight, bias, scale, gamma, beta, running_mean, running_var = ctx.saved_tensors
+    grads = backward.eval_backward(
+        dout, x, weight, bias, scale, gamma, beta, running_mean, running_var, ctx.eps, ctx.needs_input_grad[:6]
+    )
+    return (*grads, None, None, None, None)
+
+
+linear_scale_bn_eval.register_autograd(_eval_backward, setup_context=_eval_setup_context)
+
+
+class _EvalFunction(torch.autograd.Function):
+    """Autograd for the eval forward when it is reached without the operator (eager mode)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        out = _run_eval(*args)
+        _eval_setup_context(ctx, args, out)
+        return out
+
+    backward = staticmethod(_eval_backward)
+
+
+def forward_eval(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    scale: Tensor,
+    gamma: Optional[Tensor],
+    beta: Optional[Tensor],
+    running_mean: Tensor,
+    running_var: Tensor,
+    eps: float,
+    precision: str,
+) -> Tensor:
+    """Differentiable linear_scale_bn_eval (same arguments)."""
+    args = (x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision)
+    if _requires_grad(x, weight, bias, scale, gamma, beta):
+        return _EvalFunction.apply(*args)
+    return _run_eval(*args)

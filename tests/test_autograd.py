@@ -1,0 +1,74 @@
+"""Gradients of the drop-in (hand-written backward) against PyTorch autograd of the reference."""
+
+import pytest
+import torch
+from _helpers import GRAD_TOLERANCE, grads, make_pair
+
+from gemmbn import backward, linear_scale_batch_norm
+
+M, K, N = 32, 24, 16
+
+OPTIONS = {
+    "default": {},
+    "affine_off": {"affine": False},
+    "no_bias": {"bias": False},
+    "no_bn_bias": {},  # bn.bias removed below: gamma without beta
+    "tracking_off": {"track_running_stats": False},
+    "scale_shape_1": {"scale_shape": (1,)},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["fp64", "fp32"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("option", OPTIONS.keys())
+def test_gradients_match_pytorch(dtype, training, option):
+    reference, drop_in = make_pair(K, N, dtype=dtype, **OPTIONS[option])
+    for module in (reference, drop_in):
+        if option == "no_bn_bias":
+            module.bn.bias = None
+        if module.bn.track_running_stats:  # eval mode then normalizes with non-trivial statistics
+            with torch.no_grad():
+                module.bn.running_mean.copy_(torch.linspace(-1, 1, N, dtype=dtype))
+                module.bn.running_var.copy_(torch.linspace(0.5, 2, N, dtype=dtype))
+        module.train(training)
+    x = torch.rand(M, K, dtype=dtype) * 2 - 0.5
+    expected, actual = grads(reference, x), grads(drop_in, x)
+    assert actual.keys() == expected.keys()
+    for name, grad in expected.items():
+        assert actual[name].shape == grad.shape and actual[name].dtype == grad.dtype
+        torch.testing.assert_close(actual[name], grad, **GRAD_TOLERANCE[dtype], msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_gradcheck_functional(training):
+    """Finite differences in float64 (train: batch statistics; eval: fixed running statistics)."""
+    torch.manual_seed(0)
+    x, weight, bias, scale, gamma, beta = (
+        t.double().requires_grad_() for t in (torch.rand(6, 4), torch.randn(3, 4), torch.randn(3), torch.randn(3),
+                                              torch.randn(3), torch.randn(3))
+    )  # fmt: skip
+    running_mean, running_var = torch.randn(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64) + 0.5
+
+    def f(x, weight, bias, scale, gamma, beta):
+        return linear_scale_batch_norm(
+            x, weight, bias, scale, gamma, beta, running_mean, running_var, None, training, 0.1, 1e-5
+        )
+
+    assert torch.autograd.gradcheck(f, (x, weight, bias, scale, gamma, beta))
+
+
+def test_train_backward_recomputes_missing_pre_norm():
+    torch.manual_seed(0)
+    x, weight, bias, scale, gamma, beta = torch.rand(M, K), torch.randn(N, K), *torch.randn(4, N)
+    y = torch.nn.functional.linear(x, weight, bias) * scale
+    var, mean = torch.var_mean(y, dim=0, correction=0)
+    invstd = torch.rsqrt(var + 1e-5)
+    dout = torch.randn(M, N)
+    needs = [True] * 6
+    kept = backward.train_backward(dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, needs)
+    recomputed = backward.train_backward(dout, x, weight, bias, scale, gamma, beta, y.new_empty(0), mean, invstd, needs)
+    for a, b in zip(kept, recomputed):
+        torch.testing.assert_close(a, b)
+    only_x = backward.train_backward(dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, [True] + [False] * 5)
+    assert only_x[1:] == (None,) * 5
+    torch.testing.assert_close(only_x[0], kept[0])
