@@ -1,0 +1,162 @@
+"""perf/bench.py and perf/report.py on the CPU: the tiny set runs and the CSV and table hold what they claim.
+
+The harness runs as a subprocess (as a user runs it) with --device cpu, so this is the same quick
+smoke test on a GPU machine. Timings themselves are not checked, only their consistency.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import importlib.util
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PERF = REPO / "perf"
+# Spelled out, not imported: renaming a column must fail here (report.py and users parse them).
+COLUMNS = ["set", "M", "K", "N", "provider", "dtype", "precision", "mode", "median_ms", "min_ms", "max_ms",
+           "tflops", "gbps", "speedup_vs_eager", "speedup_vs_compile", "note"]  # fmt: skip
+METADATA = {"gpu", "driver", "cuda", "torch", "gemmbn_commit", "date", "device", "timing", "iters", "warning"}
+CONFIGS = {("float32", "highest"): "fp32", ("float32", "high"): "tf32", ("bfloat16", "-"): "bf16",
+           ("float16", "-"): "fp16"}  # fmt: skip
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+M, K, N = 128, 1024, 512  # the tiny set
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(PERF / script), *args], check=False, capture_output=True, text=True, timeout=120
+    )
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"perf_{name}", PERF / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench_csv(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench") / "tiny.csv"
+    result = _run("bench.py", "--set", "tiny", "--quick", "--device", "cpu", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "not comparable" in result.stdout.lower()
+    assert "16/16" in result.stderr  # the progress bar reached the end
+    return out
+
+
+def _parse(path: Path) -> tuple[dict[str, str], list[str], list[dict[str, str]]]:
+    lines = path.read_text().splitlines()
+    leading = [line for line in lines if line.startswith("# ")]
+    assert lines[: len(leading)] == leading, "metadata lines must come first"
+    meta = dict(line[2:].split(": ", 1) for line in leading)
+    reader = csv.DictReader(lines[len(leading) :])
+    return meta, reader.fieldnames, list(reader)
+
+
+def test_csv_metadata_and_columns(bench_csv):
+    meta, header, _ = _parse(bench_csv)
+    assert METADATA <= meta.keys()
+    assert header == COLUMNS
+    assert meta["device"] == "cpu" and meta["gpu"] == "none (CPU run)"
+    assert "not comparable" in meta["warning"].lower()
+    assert meta["iters"] == "10"
+    date = datetime.datetime.fromisoformat(meta["date"])
+    assert date.utcoffset() == datetime.timedelta(0)
+    assert abs(datetime.datetime.now(datetime.timezone.utc) - date) < datetime.timedelta(minutes=10)
+    assert meta["gemmbn_commit"]
+
+
+def test_csv_rows_are_complete_and_consistent(bench_csv):
+    _, _, rows = _parse(bench_csv)
+    # CPU: eager and gemmbn, each config, train and eval: 2 x 4 x 2.
+    keys = {(r["provider"], CONFIGS[(r["dtype"], r["precision"])], r["mode"]) for r in rows}
+    assert len(rows) == len(keys) == 16
+    assert {k[0] for k in keys} == {"eager", "gemmbn"} and {k[2] for k in keys} == {"train", "eval"}
+    assert {k[1] for k in keys} == set(CONFIGS.values())
+    eager = {(r["dtype"], r["precision"], r["mode"]): float(r["median_ms"]) for r in rows if r["provider"] == "eager"}
+    for row in rows:
+        assert (row["set"], int(row["M"]), int(row["K"]), int(row["N"])) == ("tiny", M, K, N)
+        median, low, high = (float(row[c]) for c in ("median_ms", "min_ms", "max_ms"))
+        for value in (median, low, high, float(row["tflops"]), float(row["gbps"])):
+            assert math.isfinite(value) and value > 0, row
+        assert low <= median <= high
+        assert float(row["tflops"]) == pytest.approx(2 * M * N * K / median / 1e9, rel=1e-4)
+        moved = (M * K + N * K + M * N) * ITEMSIZE[row["dtype"]]
+        assert float(row["gbps"]) == pytest.approx(moved / median / 1e6, rel=1e-4)
+        expected = eager[(row["dtype"], row["precision"], row["mode"])] / median
+        assert float(row["speedup_vs_eager"]) == pytest.approx(expected, rel=1e-3)
+        assert row["speedup_vs_compile"] == ""  # no compile on the CPU
+        if row["provider"] == "gemmbn":
+            assert row["note"].startswith("fallback: x is on cpu")
+        else:
+            assert row["note"] == ""
+
+
+def test_report_table_matches_csv(bench_csv, tmp_path):
+    table_path = tmp_path / "table.md"
+    result = _run("report.py", str(bench_csv), "--readme-table", str(table_path), "--no-plot")
+    assert result.returncode == 0, result.stderr
+    table = table_path.read_text()
+    assert table.strip() == result.stdout.strip()
+    assert "none (CPU run)" in table and "NOT comparable" in table
+    _, _, rows = _parse(bench_csv)
+    median = {(r["provider"], CONFIGS[(r["dtype"], r["precision"])], r["mode"]): float(r["median_ms"]) for r in rows}
+    lines = [line for line in table.splitlines() if line.startswith(f"| {M}×{K}→{N} |")]
+    assert len(lines) == 8  # 4 configs x (train, eval)
+    seen = set()
+    for line in lines:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        _, config, mode, gemmbn, eager, compile_, autotune, cublas, gemm_only, ratio, tflops = cells
+        seen.add((config, mode))
+        assert gemmbn == f"{median[('gemmbn', config, mode)]:.3f} †"  # † = fallback ran
+        assert eager == f"{median[('eager', config, mode)]:.3f}"
+        assert compile_ == autotune == cublas == gemm_only == "—"
+        best_over_gemmbn = median[("eager", config, mode)] / median[("gemmbn", config, mode)]
+        assert ratio == f"{best_over_gemmbn:.2f}x"
+        assert float(tflops) == pytest.approx(2 * M * N * K / median[("gemmbn", config, mode)] / 1e9, rel=0.01)
+    assert seen == {(c, m) for c in CONFIGS.values() for m in ("train", "eval")}
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed: the PNG plot cannot be drawn")
+def test_report_png(bench_csv, tmp_path):
+    png = tmp_path / "speedup.png"
+    result = _run("report.py", str(bench_csv), "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(HAS_MATPLOTLIB, reason="matplotlib is installed: the missing-matplotlib message cannot show")
+def test_report_without_matplotlib_says_so(bench_csv, tmp_path):
+    result = _run("report.py", str(bench_csv), "--readme-table", str(tmp_path / "t.md"))
+    assert result.returncode == 1
+    assert "matplotlib is not installed" in result.stderr
+    assert (tmp_path / "t.md").read_text().count("| 128×1024→512 |") == 8  # the table is still written
+
+
+def test_bench_refuses_large_sets_on_cpu():
+    result = _run("bench.py", "--set", "kernelbench", "--device", "cpu", "--quick")
+    assert result.returncode != 0
+    assert "only --set tiny" in result.stderr
+
+
+def test_shape_sets():
+    shapes = _load("shapes")
+    assert shapes.SETS["kernelbench"] == [(16384, 4096, 4096)]
+    assert shapes.SETS["large_n"] == [(1024, 8192, 8192)]
+    assert shapes.SETS["tiny"] == [(M, K, N)]
+    sweep = shapes.SETS["sweep"]
+    assert 15 <= len(sweep) <= 25 and len(set(sweep)) == len(sweep)
+    assert {s.M for s in sweep} == {256, 1024, 4096, 16384, 65536}
+    assert all(s.K in (512, 1024, 2048, 4096, 8192) and s.N in (512, 1024, 2048, 4096, 8192) for s in sweep)
+    assert [name for name, _ in shapes.resolve("all")][:3] == ["kernelbench", "large_n", "tiny"]
+    assert len(shapes.resolve("tiny,sweep")) == 1 + len(sweep)
+    with pytest.raises(ValueError, match="unknown shape set"):
+        shapes.resolve("huge")
