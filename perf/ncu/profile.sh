@@ -2,7 +2,7 @@
 # Profile the two training-forward kernels with Nsight Compute (clocks left alone).
 #   bash perf/ncu/profile.sh OUT_DIR [launch_once.py args]
 # Build with -Ccmake.define.GEMMBN_LINEINFO=ON first for source-level attribution.
-# Writes OUT_DIR/gemm.ncu-rep and OUT_DIR/finish.ncu-rep plus text summaries (see perf/ncu/README.md).
+# Writes OUT_DIR/gemm.ncu-rep and OUT_DIR/finish.ncu-rep plus text summaries (how to read them: perf/README.md).
 set -euo pipefail
 out=$1; shift
 mkdir -p "$out"
