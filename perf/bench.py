@@ -214,8 +214,12 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, shap
     if args.no_compile:
         chosen = tuple(p for p in chosen if p not in COMPILE_PROVIDERS)
     native = _fused_reason(device) is None
+    try:
+        chosen_shapes = shapes.resolve(args.set)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     work, seen = [], set()
-    for set_name, shape in shapes.resolve(args.set):
+    for set_name, shape in chosen_shapes:
         if device.type == "cpu" and set_name != "tiny":
             raise SystemExit("without CUDA only --set tiny runs (the other sets would take hours on a CPU)")
         if shape in seen:
