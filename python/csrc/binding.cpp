@@ -159,8 +159,8 @@ NB_MODULE(_C, m) {
           a.shift = static_cast<const float*>(optional_vector(shift, "shift", a.N, "float32"));
           if (partial_mean.has_value() != partial_m2.has_value()) fail("partial_mean and partial_m2 go together");
           if (partial_mean) {
-            const int64_t tiles = (a.M + gemmbn::gemm_tile_rows(a.dtype, a.M, a.N, a.K) - 1) /
-                                  gemmbn::gemm_tile_rows(a.dtype, a.M, a.N, a.K);
+            const int64_t tile_rows = gemmbn::gemm_tile_rows(a.dtype, a.M, a.N, a.K);
+            const int64_t tiles = (a.M + tile_rows - 1) / tile_rows;
             check(*partial_mean, "partial_mean", {tiles, a.N}, "float32");
             check(*partial_m2, "partial_m2", {tiles, a.N}, "float32");
             a.partial_mean = static_cast<float*>(partial_mean->data());
