@@ -71,12 +71,17 @@ struct Sm90ColumnMoments {
   // SubtileCoords: (CPY,CPY_M,CPY_N,EPI_M,EPI_N) CTA-relative (m, n) of each value this thread visits.
   // ColumnSlots:   (CPY,CPY_M,CPY_N) register layout with stride 0 along rows: one slot per column.
   template <class SubtileCoords, class Residue, class ColumnSlots, class LaneLayoutMN, class WarpLayoutMN,
-            int EpiTileN>
+            int EpiTileN, int kThreads>
   struct ConsumerStoreCallbacks : fusion::detail::EmptyConsumerStoreCallbacks {
     static constexpr int kValues = decltype(size(ColumnSlots{}))::value;  // values per thread per subtile
     static constexpr int kLanesM = decltype(size<0>(LaneLayoutMN{}))::value;
     static constexpr int kWarpsM = decltype(size<0>(WarpLayoutMN{}))::value;
+    static constexpr int kSlots = decltype(cosize(ColumnSlots{}))::value;  // columns per thread per subtile
+    static constexpr int kRowsPerSlot = kValues / kSlots;                   // rows per thread per column
+    static_assert(decltype(size(filter_zeros(ColumnSlots{})))::value == kSlots, "compact column slots");
     static_assert(decltype(size(LaneLayoutMN{}))::value == cutlass::NumThreadsPerWarp, "lanes must tile (M, N)");
+    static_assert(kValues % kSlots == 0 && (kRowsPerSlot & (kRowsPerSlot - 1)) == 0 &&
+                      (kLanesM & (kLanesM - 1)) == 0, "equal power-of-two counts in full tiles");
 
     CUTLASS_DEVICE ConsumerStoreCallbacks(Params const& params, SubtileCoords coords, Residue residue, int m_tile,
                                           int n_tile, int n_total, int lane_m, int warp_m, int thread_idx)
@@ -104,7 +109,104 @@ struct Sm90ColumnMoments {
                                VisitResults const&) {
       if (params.partial_mean == nullptr) return;
       if (get<0>(residue) <= 0 || get<1>(residue) <= 0) return;  // CTA beyond the problem (rounded-up cluster)
+      static_assert(3 * kWarpsM * EpiTileN * sizeof(float) <=
+                        decltype(cosize(smem_buffer.layout()))::value *
+                            sizeof(typename cute::remove_cvref_t<SmemTensor>::value_type),
+                    "epilogue smem stage too small for the column-moments scratch");
+      float* scratch = reinterpret_cast<float*>(raw_pointer_cast(smem_buffer.data()));
+      // Uniform across the CTA: every row of the tile is inside the problem.
+      if (get<0>(residue) >= int(size<0>(CtaTileShapeMNK{}))) {
+        reduce_full_tile(scratch, sync_fn, epi_n);
+      } else {
+        reduce_partial_tile(scratch, sync_fn, epi_m, epi_n);
+      }
+    }
 
+    // Every row valid, so every merge joins two halves of equal count n (powers of two):
+    //   mean = (mean_a + mean_b) / 2,   M2 = M2_a + M2_b + (mean_b - mean_a)^2 n / 2
+    // No counts, no division, no bounds checks. Columns past N are reduced too and never written.
+    template <class SyncFn>
+    CUTLASS_DEVICE void reduce_full_tile(float* scratch, SyncFn const& sync_fn, int epi_n) {
+      // 1. Per thread and column slot: exact two-pass mean and M2 of its kRowsPerSlot values.
+      Tensor slot_sum = make_tensor<float>(ColumnSlots{});
+      Tensor slot_sq = make_tensor<float>(ColumnSlots{});
+      fill(slot_sum, 0.f);
+      fill(slot_sq, 0.f);
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kValues; ++i) slot_sum(i) += values[i];
+      Tensor mean = filter_zeros(slot_sum);  // views: one entry per slot
+      Tensor m2 = filter_zeros(slot_sq);
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kSlots; ++j) mean(j) *= 1.f / kRowsPerSlot;  // power of two: exact
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kValues; ++i) {
+        float d = values[i] - slot_sum(i);
+        slot_sq(i) = fmaf(d, d, slot_sq(i));
+      }
+
+      // 2. Across the lanes that share columns (tree towards lane_m == 0).
+      float half_count = 0.5f * kRowsPerSlot;
+      CUTLASS_PRAGMA_UNROLL
+      for (int step = kLanesM / 2; step > 0; step /= 2) {
+        int lane_offset = LaneLayoutMN{}(step, 0) - LaneLayoutMN{}(0, 0);
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kSlots; ++j) {
+          float mean_b = __shfl_down_sync(0xffffffff, mean(j), lane_offset);
+          float m2_b = __shfl_down_sync(0xffffffff, m2(j), lane_offset);
+          float delta = mean_b - mean(j);
+          m2(j) = fmaf(delta * delta, half_count, m2(j) + m2_b);
+          mean(j) = 0.5f * (mean(j) + mean_b);
+        }
+        half_count *= 2.f;
+      }
+
+      // 3. Across warps through smem, [mean | M2][column][warp_m]. The stage is free: the epilogue
+      //    synchronized after acquiring it, and the previous subtile's reads of it ended with a barrier.
+      constexpr int kPlane = kWarpsM * EpiTileN;
+      Tensor subtile_coords = coords(_, _, _, 0, epi_n);  // EPI_M == 1
+      if (lane_m == 0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kValues; ++i) {
+          if (!first_of_slot(i)) continue;  // folds at compile time
+          int column = get<1>(subtile_coords(i)) - epi_n * EpiTileN;
+          int at = column * kWarpsM + warp_m;
+          scratch[at] = slot_sum(i);
+          scratch[kPlane + at] = slot_sq(i);
+        }
+      }
+      sync_fn();
+      // One thread per (column, warp) entry; the kWarpsM entries of a column sit in consecutive lanes.
+      static_assert(kWarpsM <= cutlass::NumThreadsPerWarp && (kWarpsM & (kWarpsM - 1)) == 0, "warps along M");
+      constexpr int kRounds = (kPlane + kThreads - 1) / kThreads;
+      CUTLASS_PRAGMA_UNROLL
+      for (int round = 0; round < kRounds; ++round) {
+        int entry = round * kThreads + thread_idx;
+        bool valid = entry < kPlane;
+        float mean_w = valid ? scratch[entry] : 0.f;
+        float m2_w = valid ? scratch[kPlane + entry] : 0.f;
+        float half_rows = 0.5f * kRowsPerSlot * kLanesM;
+        CUTLASS_PRAGMA_UNROLL
+        for (int step = 1; step < kWarpsM; step *= 2) {
+          float mean_b = __shfl_xor_sync(0xffffffff, mean_w, step);
+          float m2_b = __shfl_xor_sync(0xffffffff, m2_w, step);
+          float delta = mean_b - mean_w;
+          m2_w = fmaf(delta * delta, half_rows, m2_w + m2_b);  // symmetric in (a, b): all lanes agree
+          mean_w = 0.5f * (mean_w + mean_b);
+          half_rows *= 2.f;
+        }
+        int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + entry / kWarpsM;
+        if (valid && entry % kWarpsM == 0 && column < n_total) {
+          size_t at = static_cast<size_t>(m_tile) * n_total + column;
+          params.partial_mean[at] = mean_w;
+          params.partial_m2[at] = m2_w;
+        }
+      }
+      sync_fn();  // the scratch is the D stage the register-to-smem copy writes next
+    }
+
+    // The last M-tile (rows past M): per-slot counts, Chan merges with a fast reciprocal.
+    template <class SyncFn>
+    CUTLASS_DEVICE void reduce_partial_tile(float* scratch, SyncFn const& sync_fn, int epi_m, int epi_n) {
       Tensor subtile_coords = coords(_, _, _, epi_m, epi_n);
 
       // 1. Per thread and column: sums of (v - first v), then (count, mean, M2).
@@ -132,7 +234,6 @@ struct Sm90ColumnMoments {
       Tensor slot_mean = filter_zeros(shift);
       Tensor slot_s1 = filter_zeros(sum1);
       Tensor slot_m2 = filter_zeros(sum2);
-      constexpr int kSlots = decltype(size(slot_n))::value;
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kSlots; ++j) {
         float n = slot_n(j);
@@ -155,16 +256,11 @@ struct Sm90ColumnMoments {
       }
 
       // 3. Across the warps that share columns, through smem: [count | mean | M2][warp_m][column].
-      float* scratch = reinterpret_cast<float*>(raw_pointer_cast(smem_buffer.data()));
-      static_assert(3 * kWarpsM * EpiTileN * sizeof(float) <=
-                        decltype(cosize(smem_buffer.layout()))::value *
-                            sizeof(typename cute::remove_cvref_t<SmemTensor>::value_type),
-                    "epilogue smem stage too small for the column-moments scratch");
       constexpr int kPlane = kWarpsM * EpiTileN;
-      sync_fn();
       if (lane_m == 0) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kValues; ++i) {
+          if (!first_of_slot(i)) continue;
           int column = get<1>(subtile_coords(i)) - epi_n * EpiTileN;
           int at = warp_m * EpiTileN + column;
           scratch[at] = count(i);
@@ -190,6 +286,14 @@ struct Sm90ColumnMoments {
         }
       }
       sync_fn();  // the scratch is the D stage the register-to-smem copy writes next
+    }
+
+    // True for the first value index of each column slot (slots repeat along rows with stride 0).
+    CUTLASS_DEVICE static constexpr bool first_of_slot(int i) {
+      for (int k = 0; k < i; ++k) {
+        if (ColumnSlots{}(k) == ColumnSlots{}(i)) return false;
+      }
+      return true;
     }
 
     CUTLASS_DEVICE void end() {
@@ -235,7 +339,8 @@ struct Sm90ColumnMoments {
     auto [m_tile, n_tile, k_tile, l_tile] = args.tile_coord_mnkl;
     int n_total = static_cast<int>(get<1>(args.problem_shape_mnkl));
     using Callbacks = ConsumerStoreCallbacks<decltype(coords), decltype(args.residue_cD), ColumnSlots,
-                                             decltype(lane_layout_mn), decltype(warp_layout_mn), kEpiTileN>;
+                                             decltype(lane_layout_mn), decltype(warp_layout_mn), kEpiTileN,
+                                             decltype(args.tiled_copy)::TiledNumThr::value>;
     return Callbacks(params, coords, args.residue_cD, static_cast<int>(m_tile), static_cast<int>(n_tile), n_total,
                      lane_m, warp_m, args.thread_idx);
   }
