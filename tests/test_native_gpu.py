@@ -41,14 +41,15 @@ def _problem(M, K, N, dtype, seed=0):
     return x, w, b, s
 
 
-def _gemm(x, w, b, s, dtype_name, stats=True, counter=None):
+def _gemm(x, w, b, s, dtype_name, stats=True, counter=None, config=-1, raster=-1, swizzle=-1):
     M, N, K = x.shape[0], w.shape[0], x.shape[1]
-    tile_m, _ = _C.gemm_config(dtype_name, M, N, K)
+    tile_m, _ = _C.gemm_config(dtype_name, M, N, K, config)
     tiles = -(-M // tile_m)
     y = torch.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
     pm = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
     pm2 = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
-    _C.gemm_scale_stats(x, w, y, b, s, None, None, pm, pm2, counter, _stream())
+    _C.gemm_scale_stats(x, w, y, b, s, None, None, pm, pm2, counter, _stream(), config=config, raster=raster,
+                        swizzle=swizzle)
     return y, pm, pm2, tile_m
 
 
@@ -82,6 +83,37 @@ def test_gemm_output_and_partials(dtype_name, M, K, N):
     mean_ref, m2_ref = _tile_moments(y.double(), tile_m)
     assert _rel(pm, mean_ref) < 1e-5
     assert _rel(pm2, m2_ref) < 1e-5
+
+
+# Every row of every configuration table (select_config may pick any of them for some shape), under
+# the default and two other tile orders: M = 1000 has 7 full M-tiles and a ragged one, N = 264 a ragged
+# N-tile, so both reductions of the statistics node and the bounds of the stores are exercised.
+CONFIG_ROWS = [(name, row) for name in DTYPES for row in range(len(_C.gemm_configs(name)))]
+
+
+@pytest.mark.parametrize("dtype_name,row", CONFIG_ROWS)
+@pytest.mark.parametrize("raster,swizzle", [(-1, -1), (1, 2), (2, 8)])
+def test_every_configuration_row(dtype_name, row, raster, swizzle):
+    dtype = DTYPES[dtype_name]
+    M, K, N = 1000, 512, 264
+    x, w, b, s = _problem(M, K, N, dtype, seed=row)
+    y, pm, pm2, tile_m = _gemm(x, w, b, s, dtype_name, config=row, raster=raster, swizzle=swizzle)
+    torch.cuda.synchronize()
+    y_ref = (x.double() @ w.double().T + b.double()) * s.double()
+    assert not y.isnan().any() and not pm.isnan().any() and not pm2.isnan().any(), "unwritten elements"
+    assert _rel(y, y_ref) < GEMM_TOL[dtype_name]  # same reasons as test_gemm_output_and_partials
+    mean_ref, m2_ref = _tile_moments(y.double(), tile_m)
+    assert _rel(pm, mean_ref) < 1e-5
+    assert _rel(pm2, m2_ref) < 1e-5
+
+
+def test_configuration_overrides_are_checked():
+    x, w, b, s = _problem(256, 64, 64, torch.float32)
+    y = torch.empty(256, 64, device="cuda")
+    rows = len(_C.gemm_configs("float32"))
+    for kwargs, message in (({"config": rows}, "config"), ({"raster": 3}, "raster"), ({"swizzle": 3}, "swizzle")):
+        with pytest.raises(ValueError, match=message):
+            _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), **kwargs)
 
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))

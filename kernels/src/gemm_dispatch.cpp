@@ -1,5 +1,6 @@
 // Validation, configuration choice and per-type dispatch of the fused GEMM; device queries.
 #include <cstdint>
+#include <utility>
 
 #include "gemmbn/api.h"
 #include "gemmbn/configs.h"
@@ -14,17 +15,46 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 }  // namespace
 
-const TileConfig& config_at(DType dtype, int index) {
-  return dtype == DType::f32 ? kTf32Configs[index] : kHalfConfigs[index];
-}
+#ifndef GEMMBN_TF32_ROWS
+#error "CMake defines GEMMBN_TF32_ROWS and GEMMBN_HALF_ROWS (rows compiled per table)"
+#endif
+static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfConfigCount,
+              "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
 int select_config(DType dtype, int M, int N, int K) {
   (void)dtype, (void)M, (void)N, (void)K;
-  return 0;  // one configuration per type so far; shape-dependent rows come with tuning
+  return 0;  // shape-dependent rows come with the measurements of perf/tune_gemm.py
 }
 
-int gemm_tile_rows(DType dtype, int M, int N, int K) { return config_at(dtype, select_config(dtype, M, N, K)).tile_m; }
-int gemm_tile_cols(DType dtype, int M, int N, int K) { return config_at(dtype, select_config(dtype, M, N, K)).tile_n; }
+int gemm_config_count(DType dtype) { return config_count(dtype); }
+int gemm_select_config(DType dtype, int M, int N, int K) { return select_config(dtype, M, N, K); }
+
+bool gemm_config_row(DType dtype, int config, int M, int N, int K, int out[kConfigFields]) {
+  if (config < 0) config = select_config(dtype, M, N, K);
+  if (config >= config_count(dtype)) return false;
+  const TileConfig& c = config_at(dtype, config);
+  const int row[kConfigFields] = {c.tile_m,     c.tile_n,   c.tile_k, c.cluster_m, c.cluster_n,
+                                  c.epilogue_n, c.pingpong, c.raster, c.swizzle};
+  for (int i = 0; i < kConfigFields; ++i) out[i] = row[i];
+  return true;
+}
+
+namespace {
+
+// A runtime row index to its instantiation (each row's runner lives in its own translation unit).
+template <DType Type, int... Rows>
+Status run_row(int row, GemmScaleStatsArgs const& args, cudaStream_t stream, std::integer_sequence<int, Rows...>) {
+  using Runner = Status (*)(GemmScaleStatsArgs const&, cudaStream_t);
+  static constexpr Runner runners[] = {&detail::GemmRunner<Type, Rows>::run...};
+  return runners[row](args, stream);
+}
+
+template <DType Type>
+Status run_row(int row, GemmScaleStatsArgs const& args, cudaStream_t stream) {
+  return run_row<Type>(row, args, stream, std::make_integer_sequence<int, config_count(Type)>{});
+}
+
+}  // namespace
 
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   if (args.M < 1 || args.N < 1 || args.K < 1) return Status::invalid("M, N and K must be positive");
@@ -39,11 +69,16 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   if ((args.partial_mean == nullptr) != (args.partial_m2 == nullptr)) {
     return Status::invalid("partial_mean and partial_m2 go together");
   }
-  const int index = select_config(args.dtype, args.M, args.N, args.K);
+  if (args.config >= config_count(args.dtype)) return Status::invalid("config is not a row of the dtype's table");
+  if (args.raster > 2) return Status::invalid("raster must be 0 (heuristic), 1 (along M) or 2 (along N)");
+  if (args.swizzle > 0 && (args.swizzle > 8 || (args.swizzle & (args.swizzle - 1)) != 0)) {
+    return Status::invalid("swizzle must be 1, 2, 4 or 8");
+  }
+  const int row = args.config >= 0 ? args.config : select_config(args.dtype, args.M, args.N, args.K);
   switch (args.dtype) {
-    case DType::f32: return detail::run_gemm_tf32(index, args, stream);
-    case DType::bf16: return detail::run_gemm_bf16(index, args, stream);
-    case DType::f16: return detail::run_gemm_f16(index, args, stream);
+    case DType::f32: return run_row<DType::f32>(row, args, stream);
+    case DType::bf16: return run_row<DType::bf16>(row, args, stream);
+    case DType::f16: return run_row<DType::f16>(row, args, stream);
   }
   return Status::invalid("unknown dtype");
 }

@@ -5,12 +5,16 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "gemmbn/api.h"
 
@@ -131,19 +135,39 @@ NB_MODULE(_C, m) {
     return {bool(s), s.message};
   }, nb::arg("device"), "(True, '') where the fused kernels run on this CUDA device, else (False, reason).");
 
-  m.def("gemm_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K) -> std::pair<int, int> {
+  m.def("gemm_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, int config) -> std::pair<int, int> {
+    int row[gemmbn::kConfigFields];
+    if (!gemmbn::gemm_config_row(parse_dtype(dtype), config, checked_int(M, "M"), checked_int(N, "N"),
+                                 checked_int(K, "K"), row)) {
+      fail("config is not a row of the dtype's configuration table");
+    }
+    return {row[0], row[1]};
+  }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("config") = -1,
+     "(tile_m, tile_n) of the GEMM configuration row used for this problem (config < 0: the one chosen for "
+     "it); tile_m rows per statistics partial.");
+
+  m.def("gemm_configs", [](const std::string& dtype) {
     DType t = parse_dtype(dtype);
-    int m_ = checked_int(M, "M"), n_ = checked_int(N, "N"), k_ = checked_int(K, "K");
-    return {gemmbn::gemm_tile_rows(t, m_, n_, k_), gemmbn::gemm_tile_cols(t, m_, n_, k_)};
-  }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"),
-     "(tile_m, tile_n) of the GEMM configuration chosen for this problem; tile_m rows per statistics partial.");
+    std::vector<std::map<std::string, int>> rows;
+    static const char* names[gemmbn::kConfigFields] = {"tile_m",     "tile_n",   "tile_k", "cluster_m", "cluster_n",
+                                                       "epilogue_n", "pingpong", "raster", "swizzle"};
+    for (int i = 0; i < gemmbn::gemm_config_count(t); ++i) {
+      int row[gemmbn::kConfigFields];
+      gemmbn::gemm_config_row(t, i, 1, 1, 1, row);
+      std::map<std::string, int> named;
+      for (int j = 0; j < gemmbn::kConfigFields; ++j) named[names[j]] = row[j];
+      rows.push_back(named);
+    }
+    return rows;
+  }, nb::arg("dtype"), "The dtype's GEMM configuration table (configs.h), one dict per row.");
 
   m.def("gemm_scale_stats",
         [](Array x, Array weight, Array y, OptionalArray bias, OptionalArray scale, OptionalArray gain,
            OptionalArray shift, OptionalArray partial_mean, OptionalArray partial_m2,
-           OptionalArray batches_tracked, std::uintptr_t stream) {
+           OptionalArray batches_tracked, std::uintptr_t stream, int config, int raster, int swizzle) {
           if (x.ndim() != 2 || weight.ndim() != 2) fail("x and weight must be 2-D");
           gemmbn::GemmScaleStatsArgs a;
+          a.config = config, a.raster = raster, a.swizzle = swizzle;
           a.dtype = dtype_of(x, "x");
           const std::string dt = dtype_string(a.dtype);
           a.M = checked_int(x.shape(0), "M");
@@ -159,7 +183,11 @@ NB_MODULE(_C, m) {
           a.shift = static_cast<const float*>(optional_vector(shift, "shift", a.N, "float32"));
           if (partial_mean.has_value() != partial_m2.has_value()) fail("partial_mean and partial_m2 go together");
           if (partial_mean) {
-            const int64_t tile_rows = gemmbn::gemm_tile_rows(a.dtype, a.M, a.N, a.K);
+            int row[gemmbn::kConfigFields];
+            if (!gemmbn::gemm_config_row(a.dtype, config, a.M, a.N, a.K, row)) {
+              fail("config is not a row of the dtype's configuration table");
+            }
+            const int64_t tile_rows = row[0];
             const int64_t tiles = (a.M + tile_rows - 1) / tile_rows;
             check(*partial_mean, "partial_mean", {tiles, a.N}, "float32");
             check(*partial_m2, "partial_m2", {tiles, a.N}, "float32");
@@ -171,8 +199,10 @@ NB_MODULE(_C, m) {
         },
         nb::arg("x"), nb::arg("weight"), nb::arg("y"), nb::arg("bias").none(), nb::arg("scale").none(),
         nb::arg("gain").none(), nb::arg("shift").none(), nb::arg("partial_mean").none(),
-        nb::arg("partial_m2").none(), nb::arg("batches_tracked").none(), nb::arg("stream"),
-        "y = ((x @ weight^T + bias) * scale) * gain + shift, with per-tile column mean/M2 of y as stored.");
+        nb::arg("partial_m2").none(), nb::arg("batches_tracked").none(), nb::arg("stream"), nb::kw_only(),
+        nb::arg("config") = -1, nb::arg("raster") = -1, nb::arg("swizzle") = -1,
+        "y = ((x @ weight^T + bias) * scale) * gain + shift, with per-tile column mean/M2 of y as stored.\n"
+        "config/raster/swizzle override the configuration row and the tile order (tuning; -1: the defaults).");
 
   m.def("bias_scale_moments",
         [](Array acc, Array y, OptionalArray bias, OptionalArray scale, Array partial_mean, Array partial_m2,

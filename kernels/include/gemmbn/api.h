@@ -31,7 +31,7 @@ struct Status {
 // The GEMM and its epilogue:
 //   y[m, n] = ((acc[m, n] + bias[n]) * scale[n]) * gain[n] + shift[n],   acc = x @ weight^T (fp32)
 //   partial_mean[t, n], partial_m2[t, n] = mean and sum of squared deviations of y[m, n] as stored
-//   (rounded to dtype) over the valid rows m of M-tile t (tile height = gemm_tile_rows(...)).
+//   (rounded to dtype) over the valid rows m of M-tile t (tile height = tile_m of the configuration row used, see gemm_config_row).
 // Null vectors take the identity (bias 0, scale 1, gain 1, shift 0); null partials skip the statistics.
 // batches_tracked, if not null, is incremented once by the launch (so the finish kernel, later on the
 // same stream, reads the new count for momentum=None).
@@ -48,12 +48,20 @@ struct GemmScaleStatsArgs {
   float* partial_mean = nullptr;  // [tiles_m, N]
   float* partial_m2 = nullptr;    // [tiles_m, N]
   int64_t* batches_tracked = nullptr;
+  // Tuning overrides (perf/tune_gemm.py); the defaults take select_config's row and its schedule.
+  int config = -1;   // row of the dtype's configuration table (configs.h)
+  int raster = -1;   // tile order: 0 CUTLASS heuristic, 1 along M, 2 along N
+  int swizzle = -1;  // tile scheduler's max swizzle size: 1, 2, 4 or 8
 };
 
-// Height of the M-tile (rows per statistics partial) of the configuration picked for this problem.
-int gemm_tile_rows(DType dtype, int M, int N, int K);
-// Tile width in N of the same configuration (for reporting).
-int gemm_tile_cols(DType dtype, int M, int N, int K);
+// The configuration table of a dtype: its size, and the row select_config picks for a problem.
+int gemm_config_count(DType dtype);
+int gemm_select_config(DType dtype, int M, int N, int K);
+// Row `config` of the table (config < 0: the row picked for the problem), as
+// {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle}; tile_m is the
+// number of rows per statistics partial. False if config is out of range.
+inline constexpr int kConfigFields = 9;
+bool gemm_config_row(DType dtype, int config, int M, int N, int K, int out[kConfigFields]);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 
 // y = (acc + bias) * scale in place or into y, with the same partials of y as gemm_scale_stats over

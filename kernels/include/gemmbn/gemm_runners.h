@@ -1,12 +1,14 @@
-// One runner per operand type, each defined in its own translation unit (kernels/src/gemm_<type>.cu).
+// The fused GEMM's runners, one per (operand type, configuration row), each defined in its own
+// translation unit (kernels/src/gemm_row.cuh, instantiated by CMake per row).
 #pragma once
 
 #include "gemmbn/api.h"
 
 namespace gemmbn::detail {
 
-Status run_gemm_tf32(int config_index, GemmScaleStatsArgs const& args, cudaStream_t stream);
-Status run_gemm_bf16(int config_index, GemmScaleStatsArgs const& args, cudaStream_t stream);
-Status run_gemm_f16(int config_index, GemmScaleStatsArgs const& args, cudaStream_t stream);
+template <DType Type, int Row>
+struct GemmRunner {
+  static Status run(GemmScaleStatsArgs const& args, cudaStream_t stream);  // explicitly instantiated per row
+};
 
 }  // namespace gemmbn::detail

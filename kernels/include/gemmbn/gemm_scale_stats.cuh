@@ -1,4 +1,5 @@
-// The fused GEMM: CUTLASS 3.x sm90a, TMA + wgmma, warp-specialized cooperative persistent kernel.
+// The fused GEMM: CUTLASS 3.x sm90a, TMA + wgmma, warp-specialized persistent kernel (cooperative or
+// ping-pong, per configuration row).
 // Included only by kernels/src/gemm_<type>.cu, each of which instantiates its table of configurations.
 #pragma once
 
@@ -10,8 +11,6 @@
 #include <cutlass/gemm/device/gemm_universal_adapter.h>
 #include <cutlass/gemm/kernel/gemm_universal.hpp>
 #include <cutlass/util/packed_stride.hpp>
-
-#include <utility>
 
 #include "gemmbn/api.h"
 #include "gemmbn/column_moments_node.hpp"
@@ -30,6 +29,13 @@ struct GemmScaleStatsKernel {
   using ClusterShape = Shape<Int<kConfig.cluster_m>, Int<kConfig.cluster_n>, _1>;
   static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows
   static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
+  using KernelSchedule = cute::conditional_t<kConfig.pingpong != 0, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                             cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule = cute::conditional_t<kConfig.pingpong != 0, cutlass::epilogue::TmaWarpSpecialized,
+                                               cutlass::epilogue::TmaWarpSpecializedCooperative>;
+  // The statistics node needs subtiles spanning the CTA tile's rows; a width of 0 leaves it to CUTLASS.
+  using EpilogueTile = cute::conditional_t<kConfig.epilogue_n == 0, cutlass::epilogue::collective::EpilogueTileAuto,
+                                           Shape<Int<kConfig.tile_m>, Int<cute::max(kConfig.epilogue_n, 1)>>>;
 
   // Epilogue visitor tree, leaves first:
   using Acc = fusion::Sm90AccFetch;                                      // acc = x @ W^T
@@ -49,10 +55,10 @@ struct GemmScaleStatsKernel {
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
+      EpilogueTile, float, float,
       void, cutlass::layout::RowMajor, kAlignment,     // no source C
       Element, cutlass::layout::RowMajor, kAlignment,  // D = y
-      cutlass::epilogue::TmaWarpSpecializedCooperative, Output>::CollectiveOp;
+      EpilogueSchedule, Output>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -61,7 +67,7 @@ struct GemmScaleStatsKernel {
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+      KernelSchedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                       CollectiveEpilogue>;
@@ -98,6 +104,12 @@ struct GemmScaleStatsKernel {
         {static_cast<Element const*>(a.x), stride_a, static_cast<Element const*>(a.weight), stride_b},
         {epilogue_tree, nullptr, stride_c, static_cast<Element*>(a.y), stride_d},
         hw_info};
+    using RasterOrder = decltype(arguments.scheduler.raster_order);
+    const int raster = a.raster >= 0 ? a.raster : kConfig.raster;
+    arguments.scheduler.raster_order = raster == 1   ? RasterOrder::AlongM
+                                       : raster == 2 ? RasterOrder::AlongN
+                                                     : RasterOrder::Heuristic;
+    arguments.scheduler.max_swizzle_size = a.swizzle > 0 ? a.swizzle : kConfig.swizzle;
 
     Gemm gemm;
     if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) {
@@ -117,19 +129,5 @@ struct GemmScaleStatsKernel {
     return Status::from_cuda(cudaGetLastError(), "launching the CUTLASS GEMM");
   }
 };
-
-// run_config<Element, Table, Count>(index, args, stream): dispatch a runtime row index to its instantiation.
-template <class Element, TileConfig const* Table, int... Indices>
-Status run_config_impl(int index, GemmScaleStatsArgs const& args, cudaStream_t stream,
-                       std::integer_sequence<int, Indices...>) {
-  using Runner = Status (*)(GemmScaleStatsArgs const&, cudaStream_t);
-  static constexpr Runner runners[] = {&GemmScaleStatsKernel<Element, Table, Indices>::run...};
-  return runners[index](args, stream);
-}
-
-template <class Element, TileConfig const* Table, int Count>
-Status run_config(int index, GemmScaleStatsArgs const& args, cudaStream_t stream) {
-  return run_config_impl<Element, Table>(index, args, stream, std::make_integer_sequence<int, Count>{});
-}
 
 }  // namespace gemmbn::detail
