@@ -43,7 +43,7 @@ except ImportError:
 
 import report
 import shapes
-from gemmbn import _native, fallback
+from gemmbn import _native, fallback, timing
 from gemmbn import precision as precision_mod
 
 COLUMNS = ["set", "M", "K", "N", "provider", "dtype", "precision", "mode", "median_ms", "min_ms", "max_ms",
@@ -52,7 +52,6 @@ PROVIDERS = ("gemmbn", "eager", "compile", "compile-max-autotune", "cublas", "ge
 COMPILE_PROVIDERS = {"compile": None, "compile-max-autotune": "max-autotune"}  # provider -> torch.compile mode
 # max-autotune costs about a minute per compile: by default only the named problems, TF32 and bf16.
 AUTOTUNE_SETS, AUTOTUNE_CONFIGS = {"kernelbench", "large_n"}, {"tf32", "bf16"}
-FLUSH_BYTES = 256 << 20
 SEED = 0
 
 
@@ -96,32 +95,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 class Timer:
-    """Milliseconds of each of ``iters`` calls of fn after ``warmup`` untimed ones."""
+    """gemmbn.timing's method with this run's settings: candidates timed interleaved (clock drift under
+    sustained load falls on all alike; a first block was seen ~10% faster than a later block of the same
+    kernel on the H200), L2 flushed before every timed call, no host sync between calls."""
 
     def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
         self.device, self.iters, self.warmup = device, iters, warmup
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if device.type == "cuda" else None
+        self.flush = timing.flush_buffer(device)
 
     def __call__(self, fn) -> list[float]:
-        for _ in range(self.warmup):
-            fn()
-        if self.flush is None:
-            times = []
-            for _ in range(self.iters):
-                start = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - start) * 1e3)
-            return times
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(self.iters)]  # fmt: skip
-        torch.cuda.synchronize(self.device)
-        for start, end in events:
-            self.flush.zero_()  # evicts x, W and the last output from L2; not between the events
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize(self.device)  # one sync at the end: no host gap forced between calls
-        return [start.elapsed_time(end) for start, end in events]
+        return self.interleaved([fn])[0]
+
+    def interleaved(self, fns: list) -> list[list[float]]:
+        return timing.interleaved_ms(fns, self.device, self.iters, self.warmup, self.flush)
 
 
 class Progress:
@@ -178,11 +164,11 @@ def metadata(device: torch.device, args: argparse.Namespace) -> dict[str, str]:
         l2 = getattr(props, "L2_cache_size", 0)
         meta.update(gpu=props.name, driver=driver or "unknown", cuda=torch.version.cuda or "unknown",
                     sms=str(props.multi_processor_count), l2_mb=f"{l2 / 2**20:.0f}" if l2 else "unknown",
-                    timing=f"CUDA events; L2 flushed before every timed call by writing {FLUSH_BYTES >> 20} MB "
-                    "(not timed)")  # fmt: skip
+                    timing=f"CUDA events; providers of a shape timed interleaved; L2 flushed before every timed "
+                    f"call by writing {timing.FLUSH_BYTES >> 20} MB (not timed)")  # fmt: skip
     else:
         meta.update(gpu="none (CPU run)", driver="n/a", cuda=torch.version.cuda or "none",
-                    timing="time.perf_counter on the CPU, no cache flush",
+                    timing="time.perf_counter on the CPU, providers interleaved, no cache flush",
                     warning="CPU numbers (PyTorch fallback): NOT comparable with GPU results")  # fmt: skip
     meta.update(torch=torch.__version__, python=platform.python_version(), gemmbn_commit=_commit(),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -253,7 +239,22 @@ def _gemmbn_path(module, x: torch.Tensor, config: Config) -> str:
 
 
 def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config: Config):
-    """(fn, note) for one measurement; compiles (untimed) where the provider needs it."""
+    """(fn, note) for one measurement; compiles (untimed) where the provider needs it.
+
+    fn sets the train/eval mode itself: the providers of one shape are timed interleaved.
+    """
+    fn, note = _provider_call(provider, mode, model, drop_in, x, config)
+    training = mode == "train"
+
+    def call():
+        model.train(training)  # host time only: the host runs ahead of the GPU in the timed rounds
+        drop_in.train(training)
+        return fn()
+
+    return call, note
+
+
+def _provider_call(provider: str, mode: str, model, drop_in, x: torch.Tensor, config: Config):
     model.train(mode == "train")
     drop_in.train(mode == "train")
     # Detached: DLPack (the gemm-only call) refuses tensors that require grad, even under no_grad.
@@ -263,7 +264,6 @@ def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config:
     if provider == "gemmbn":
         return (lambda: drop_in(x)), _gemmbn_path(drop_in, x, config)
     if provider in COMPILE_PROVIDERS:
-        torch._dynamo.reset()  # fresh caches: no recompile limit across shapes, no stale cudagraph trees
         compiled = torch.compile(model, mode=COMPILE_PROVIDERS[provider], dynamic=False)
         compiled(x)
         graphs = ", CUDA graphs" if COMPILE_PROVIDERS[provider] else ""
@@ -305,6 +305,11 @@ def _add_speedups(rows: list[dict]) -> None:
                 row[column] = f"{medians[(baseline, mode)] / float(row['median_ms']):.4g}"
 
 
+def _note_error(row: dict, error: Exception, shape: shapes.Shape, config: Config) -> None:
+    row["note"] = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    sys.stderr.write(f"\n{shape.label()} {config.name} {row['provider']} {row['mode']}: {row['note']}\n")
+
+
 def run_config(set_name, shape, config, jobs, timer, device, progress, deadline, skipped) -> list[dict]:
     """Every (provider, mode) of one shape and config; rows with speedups filled in."""
     torch.manual_seed(SEED)
@@ -314,27 +319,35 @@ def run_config(set_name, shape, config, jobs, timer, device, progress, deadline,
     drop_in = gemmbn.GemmScaleBatchNorm.from_module(model, precision=precision)  # shares the tensors
     x = torch.rand(shape.M, shape.K, device=device, dtype=config.dtype)
     context = precision_mod.float32_matmul_precision(precision) if precision else contextlib.nullcontext()
-    rows = []
+    rows, timed = [], []  # timed: (row, fn) of every provider ready to time
     with context, torch.no_grad():
-        for provider, mode in jobs:
-            progress.show(f"{shape.label()} {config.name} {provider} {mode}")
+        torch._dynamo.reset()  # fresh caches: no recompile limit across shapes, no stale cudagraph trees
+        for provider, mode in jobs:  # prepare (and compile) everything first, untimed
+            progress.show(f"{shape.label()} {config.name} {provider} {mode} (prepare)")
+            row = _row(set_name, shape, config, provider, mode)
+            rows.append(row)
             if provider in COMPILE_PROVIDERS and deadline is not None and time.monotonic() > deadline:
                 skipped.append(f"{set_name} {shape.label()} {config.name} {provider}")
-                progress.show("", advance=1)
+                row["note"] = "skipped: --max-minutes"
                 continue
-            row = _row(set_name, shape, config, provider, mode)
             try:
                 fn, row["note"] = _callable(provider, mode, model, drop_in, x, config)
-                _fill(row, timer(fn), shape, x.element_size())
+                timed.append((row, fn))
             except Exception as error:  # noqa: BLE001 - one failing provider must not end the run
-                row["note"] = f"error: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                sys.stderr.write(f"\n{shape.label()} {config.name} {provider} {mode}: {row['note']}\n")
-            finally:
-                fn = None
-                if provider in COMPILE_PROVIDERS:
-                    torch._dynamo.reset()
-            rows.append(row)
-            progress.show("", advance=1)
+                _note_error(row, error, shape, config)
+        # Then time them interleaved, so that clock drift under load falls on all providers alike.
+        progress.show(f"{shape.label()} {config.name}: timing {len(timed)} providers interleaved")
+        try:
+            for (row, _), times in zip(timed, timer.interleaved([fn for _, fn in timed])):
+                _fill(row, times, shape, x.element_size())
+        except Exception:  # noqa: BLE001 - a provider that fails only when timed: time each alone to name it
+            for row, fn in timed:
+                try:
+                    _fill(row, timer(fn), shape, x.element_size())
+                except Exception as error:  # noqa: BLE001
+                    _note_error(row, error, shape, config)
+        timed.clear()
+        progress.show("", advance=len(jobs))
     del model, drop_in, x
     gc.collect()
     if device.type == "cuda":

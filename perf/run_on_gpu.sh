@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a GPU machine that has torch, nvcc, cmake, ninja, nanobind and scikit-build-core but no
 # package registry: build (with the ptxas report), GPU tests, main job. Logs go to OUT_DIR.
-#   bash perf/run_on_gpu.sh [OUT_DIR] [pytest args (default: tests)]
+#   bash perf/run_on_gpu.sh [OUT_DIR] [--build-only | pytest args (default: tests)]
 # The CUTLASS wheel travels in .whl/ (nvidia_cutlass-4.2.0.0-py3-none-any.whl).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,7 @@ echo "ptxas: $(grep -c 'stack frame' "$out/ptxas.txt") kernels; nonzero stack/sp
 grep "stack frame" "$out/ptxas.txt" | grep -v "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" || echo "  none"
 
 cd /tmp && python3 -c "import gemmbn, gemmbn._C; print('extension loaded from', gemmbn._C.__file__)" && cd - >/dev/null
+[ "${1:-}" != "--build-only" ] || exit 0
 [ $# -gt 0 ] || set -- tests
 python3 -m pytest -q -rs "$@" 2>&1 | tee "$out/tests.log" | tail -40
 python3 -m gemmbn 2>&1 | tee "$out/main.log"

@@ -8,6 +8,7 @@ PyTorch fallback, briefly timed against eager.
 from __future__ import annotations
 
 import argparse
+import statistics
 import warnings
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from ._native import fused_unavailable_reason
 from .kernelbench import batch_size, in_features, out_features
 from .modules import GemmScaleBatchNorm
 from .reference import ReferenceModel, float64_forward
-from .timing import median_ms
+from .timing import flush_buffer, interleaved_ms
 from .tolerances import output_tolerance, relative_error
 
 _SMALL_SIZE = (256, 512, 256)  # without Hopper: quick on a CPU
@@ -96,11 +97,13 @@ def _time(config: Config, reference, drop_in, x, iters: int, compile_too: bool) 
     times = {}
     with precision_mod.float32_matmul_precision(config.precision), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", fallback.GemmBnFallbackWarning)
-        times["gemmbn"] = median_ms(lambda: drop_in(x), x.device, iters)
-        times["eager"] = median_ms(lambda: reference(x), x.device, iters)
+        candidates = {"gemmbn": lambda: drop_in(x), "eager": lambda: reference(x)}
         if compile_too:
             compiled = torch.compile(reference)
-            times["compile"] = median_ms(lambda: compiled(x), x.device, iters)
+            compiled(x)  # compile outside the timed rounds
+            candidates["compile"] = lambda: compiled(x)
+        samples = interleaved_ms(list(candidates.values()), x.device, iters, flush=flush_buffer(x.device))
+        times = {name: statistics.median(s) for name, s in zip(candidates, samples)}
     return times
 
 
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         x = torch.rand(M, K, device=device, dtype=config.dtype)
         passed = _check(config, reference, drop_in, x) and passed
         rows.append((config.label, _time(config, reference, drop_in, x, args.iters, compile_too)))
-    _print_table(rows, f"forward, training mode, no_grad; median of {args.iters} calls after 3 warm-up calls")
+    _print_table(rows, f"forward, training mode, no_grad; median of {args.iters} calls after 3 warm-up calls, "
+                       "timed interleaved" + (", L2 flushed before each" if device.type == "cuda" else ""))
     print("all checks PASS" if passed else "some checks FAILED")
     return 0 if passed else 1
 

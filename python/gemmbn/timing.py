@@ -1,31 +1,57 @@
-"""Wall-clock timing of a callable: CUDA events on the GPU, perf_counter on the CPU."""
+"""Timing of callables side by side: CUDA events on the GPU, perf_counter on the CPU.
+
+One method serves the main job and perf/bench.py: candidates are timed interleaved (round i times each
+once), so that clock drift under sustained load (power, heat) falls on all of them alike; on the GPU an
+optional buffer is overwritten before every timed call (outside the events) to evict the operands
+from L2, and the host never waits between calls.
+"""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+FLUSH_BYTES = 256 << 20  # over four times the H100/H200 L2
 
-def median_ms(fn: Callable[[], object], device: torch.device, iters: int = 10, warmup: int = 3) -> float:
-    """Median over ``iters`` calls of fn's time in milliseconds, after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    if device.type != "cuda":
-        times = []
-        for _ in range(iters):
-            start = time.perf_counter()
+
+def flush_buffer(device: torch.device) -> torch.Tensor | None:
+    """A buffer whose overwrite evicts the L2 (None off the GPU)."""
+    return torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if device.type == "cuda" else None
+
+
+def interleaved_ms(fns: Sequence[Callable[[], object]], device: torch.device, iters: int = 10, warmup: int = 3,
+                   flush: torch.Tensor | None = None) -> list[list[float]]:
+    """Milliseconds of each of ``iters`` calls of every fn, after ``warmup`` untimed calls of each."""
+    for fn in fns:
+        for _ in range(warmup):
             fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        return statistics.median(times)
-    # One event pair per call, all read after a single synchronize: no host sync between calls.
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    if device.type != "cuda":
+        times = [[] for _ in fns]
+        for _ in range(iters):
+            for fn, fn_times in zip(fns, times):
+                start = time.perf_counter()
+                fn()
+                fn_times.append((time.perf_counter() - start) * 1e3)
+        return times
+    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+              for _ in fns]  # fmt: skip
     torch.cuda.synchronize(device)
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize(device)
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    for round_index in range(iters):
+        for fn, fn_events in zip(fns, events):
+            start, end = fn_events[round_index]
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            fn()
+            end.record()
+    torch.cuda.synchronize(device)  # one sync at the end: no host gap forced between calls
+    return [[start.elapsed_time(end) for start, end in fn_events] for fn_events in events]
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, iters: int = 10, warmup: int = 3,
+              flush: torch.Tensor | None = None) -> float:
+    """Median over ``iters`` calls of fn's time in milliseconds, after ``warmup`` untimed calls."""
+    return statistics.median(interleaved_ms([fn], device, iters, warmup, flush)[0])
