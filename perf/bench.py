@@ -148,7 +148,9 @@ def _command(*cmd: str) -> str | None:
 
 
 def _commit() -> str:
-    """Short HEAD (+"-dirty" when tracked files differ), else $GEMMBN_COMMIT, else "unknown"."""
+    """$GEMMBN_COMMIT if set (a copied tree's .git can be stale), else short HEAD (+"-dirty"), else "unknown"."""
+    if os.environ.get("GEMMBN_COMMIT"):
+        return os.environ["GEMMBN_COMMIT"]
     head = _command("git", "rev-parse", "--short", "HEAD")
     if head is None:
         return os.environ.get("GEMMBN_COMMIT", "unknown")
