@@ -7,9 +7,10 @@
 // - Reduced once per epilogue subtile, which spans every row of the CTA tile (EPI_M == 1, asserted),
 //   so only the current subtile's columns live in registers (the stock Sm90RowReduction keeps all
 //   CTA_N columns per thread and its loops stay rolled under nvcc 13.0: a 704 B stack frame).
-// - Each thread sums its values of a column shifted by its first value of that column, then the
-//   (count, mean, M2) triples are Chan-merged across lanes (shuffles) and warps (smem) in a fixed
-//   order: no cancellation of large sums, no atomics, the same bits on every run.
+// - Per thread and column, then Chan merges across lanes (shuffles) and warps (smem) in a fixed order:
+//   no cancellation of large sums, no atomics, the same bits on every run. Tiles with every row valid
+//   (all but a ragged last one) merge equal power-of-two counts without a division
+//   (reduce_full_tile); the ragged tile carries counts (reduce_partial_tile).
 // - The warp-merge scratch is the epilogue's current D smem stage, free between the store pipeline's
 //   acquire and the register-to-smem copy that follows reduce().
 // - batches_tracked (optional) is incremented once per launch by tile (0, 0): the finish kernel runs
