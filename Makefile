@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export CUDACXX ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 
-.PHONY: run test build ptxas-report clean
+.PHONY: run test build ptxas-report config-report clean
 
 run: build
 	$(PY) -m gemmbn
@@ -23,6 +23,13 @@ build: $(VENV)/.deps
 ptxas-report: $(VENV)/.deps
 	$(PY) -m pip install --no-build-isolation --no-deps -v . -Ccmake.define.GEMMBN_PTXAS_VERBOSE=ON 2>&1 \
 	  | grep -E "Compiling entry|stack frame|registers" | sed 's/^ *//'
+
+# Mainloop stages and shared memory of every GEMM configuration row (host-only; no GPU needed).
+config-report: $(VENV)/.deps
+	CUTLASS=$$($(PY) -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('cutlass_library').origin).parent / 'source')") && \
+	mkdir -p build && $(CUDACXX) -std=c++17 -O1 -DNDEBUG --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
+	  -I kernels/include -I $$CUTLASS/include -I $$CUTLASS/tools/util/include perf/config_report.cu -o build/config_report && \
+	build/config_report
 
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
