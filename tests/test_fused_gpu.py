@@ -34,8 +34,8 @@ CONFIGS = {
     "bf16": (torch.bfloat16, "highest"),
     "fp16": (torch.float16, "highest"),
 }
-# Ragged on purpose: M not a multiple of the 128-row tile (1000, 129) or tiny (2); N not a multiple of
-# 256. 16-bit rows need N % 8 == 0 (16-byte TMA rows), hence 264 there instead of 260.
+# Ragged on purpose: M not a multiple of the M-tile, 64 or 128 rows (1000, 129) or tiny (2); N not a
+# multiple of 256. 16-bit rows need N % 8 == 0 (16-byte TMA rows), hence 264 there instead of 260.
 RAGGED = {
     32: [(1000, 512, 260), (2, 512, 260), (129, 512, 260)],
     16: [(1000, 512, 264), (2, 512, 264), (129, 512, 264)],
