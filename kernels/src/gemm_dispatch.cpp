@@ -27,7 +27,6 @@ int select_config(DType dtype, int M, int N, int K) {
 }
 
 int gemm_config_count(DType dtype) { return config_count(dtype); }
-int gemm_select_config(DType dtype, int M, int N, int K) { return select_config(dtype, M, N, K); }
 
 bool gemm_config_row(DType dtype, int config, int M, int N, int K, int out[kConfigFields]) {
   if (config < 0) config = select_config(dtype, M, N, K);

@@ -54,9 +54,8 @@ struct GemmScaleStatsArgs {
   int swizzle = -1;  // tile scheduler's max swizzle size: 1, 2, 4 or 8
 };
 
-// The configuration table of a dtype: its size, and the row select_config picks for a problem.
+// The number of rows in a dtype's configuration table (kernels/include/gemmbn/configs.h).
 int gemm_config_count(DType dtype);
-int gemm_select_config(DType dtype, int M, int N, int K);
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle}; tile_m is the
 // number of rows per statistics partial. False if config is out of range.

@@ -1,6 +1,6 @@
 // The fused GEMM: CUTLASS 3.x sm90a, TMA + wgmma, warp-specialized persistent kernel (cooperative or
 // ping-pong, per configuration row).
-// Included only by kernels/src/gemm_<type>.cu, each of which instantiates its table of configurations.
+// Included only by kernels/src/gemm_row.cuh, which instantiates one configuration row per translation unit.
 #pragma once
 
 #include <cute/tensor.hpp>
