@@ -244,10 +244,6 @@ def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config:
     """(fn, note) for one measurement; compiles (untimed) where the provider needs it."""
     model.train(mode != "eval")
     drop_in.train(mode != "eval")
-    return _provider_call(provider, mode, model, drop_in, x, config)
-
-
-def _provider_call(provider: str, mode: str, model, drop_in, x: torch.Tensor, config: Config):
     # Detached: DLPack (the gemm-only call) refuses tensors that require grad, even under no_grad.
     w, b, s = model.gemm.weight.detach(), model.gemm.bias.detach(), model.scale.detach()
     if provider == "eager":

@@ -66,23 +66,25 @@ def _tile_moments(acc64, tile_m):
 SHAPES = [(1000, 512, 264), (2, 64, 64), (129, 256, 520), (300, 1024, 1032)]
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
-@pytest.mark.parametrize("M,K,N", SHAPES)
-def test_gemm_output_and_partials(dtype_name, M, K, N):
-    dtype = DTYPES[dtype_name]
-    x, w, b, s = _problem(M, K, N, dtype)
-    y, pm, pm2, tile_m = _gemm(x, w, b, s, dtype_name)
+def _check_gemm_and_partials(x, w, b, s, dtype_name, **launch):
+    """One gemm_scale_stats launch (launch: config/raster/swizzle overrides) against float64."""
+    y, pm, pm2, tile_m = _gemm(x, w, b, s, dtype_name, **launch)
     torch.cuda.synchronize()
-    acc64 = x.double() @ w.double().T
-    y_ref = (acc64 + b.double()) * s.double()
+    y_ref = (x.double() @ w.double().T + b.double()) * s.double()
     assert not y.isnan().any(), "unwritten output elements"
     assert _rel(y, y_ref) < GEMM_TOL[dtype_name]
     assert not pm.isnan().any() and not pm2.isnan().any(), "unwritten partials"
     # The partials describe y as stored: against float64 statistics of the kernel's own y, only the
-    # reduction errs (fp32 shifted sums and Chan merges over <= 128 rows: a few ulp).
+    # reduction errs (fp32 per-thread two-pass moments and Chan merges over <= 128 rows: a few ulp).
     mean_ref, m2_ref = _tile_moments(y.double(), tile_m)
     assert _rel(pm, mean_ref) < 1e-5
     assert _rel(pm2, m2_ref) < 1e-5
+
+
+@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_gemm_output_and_partials(dtype_name, M, K, N):
+    _check_gemm_and_partials(*_problem(M, K, N, DTYPES[dtype_name]), dtype_name)
 
 
 # Every row of every configuration table (select_config may pick any of them for some shape), under
@@ -94,17 +96,8 @@ CONFIG_ROWS = [(name, row) for name in DTYPES for row in range(len(_C.gemm_confi
 @pytest.mark.parametrize("dtype_name,row", CONFIG_ROWS)
 @pytest.mark.parametrize("raster,swizzle", [(-1, -1), (1, 2), (2, 8)])
 def test_every_configuration_row(dtype_name, row, raster, swizzle):
-    dtype = DTYPES[dtype_name]
-    M, K, N = 1000, 512, 264
-    x, w, b, s = _problem(M, K, N, dtype, seed=row)
-    y, pm, pm2, tile_m = _gemm(x, w, b, s, dtype_name, config=row, raster=raster, swizzle=swizzle)
-    torch.cuda.synchronize()
-    y_ref = (x.double() @ w.double().T + b.double()) * s.double()
-    assert not y.isnan().any() and not pm.isnan().any() and not pm2.isnan().any(), "unwritten elements"
-    assert _rel(y, y_ref) < GEMM_TOL[dtype_name]  # same reasons as test_gemm_output_and_partials
-    mean_ref, m2_ref = _tile_moments(y.double(), tile_m)
-    assert _rel(pm, mean_ref) < 1e-5
-    assert _rel(pm2, m2_ref) < 1e-5
+    problem = _problem(1000, 512, 264, DTYPES[dtype_name], seed=row)
+    _check_gemm_and_partials(*problem, dtype_name, config=row, raster=raster, swizzle=swizzle)
 
 
 def test_configuration_overrides_are_checked():
