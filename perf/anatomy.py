@@ -13,11 +13,10 @@ import argparse
 import statistics
 from collections import defaultdict
 
-import torch
-from torch.profiler import ProfilerActivity, profile
-
 import gemmbn
+import torch
 from gemmbn import timing
+from torch.profiler import ProfilerActivity, profile
 
 
 def main() -> None:

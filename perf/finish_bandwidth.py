@@ -19,9 +19,38 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import Timer  # noqa: E402
+from bench import Timer
+from gemmbn import _native
 
-from gemmbn import _native  # noqa: E402
+
+def measure(name: str, dtype: torch.dtype, M: int, N: int, timer: Timer) -> None:
+    """Print finish, copy and in-place times and bandwidths for one dtype."""
+    C = _native.extension()
+    stream = torch.cuda.current_stream().cuda_stream
+    tile_m = 128
+    tiles = -(-M // tile_m)
+    y = torch.randn(M, N, device="cuda").to(dtype)
+    y2 = torch.empty_like(y)
+    # Partials of y itself, so the normalize is a well-defined (if unused) transform.
+    rows = torch.arange(M, device="cuda") // tile_m
+    partials = torch.zeros(2, tiles, N, device="cuda")
+    partials[0].index_add_(0, rows, y.float())
+    partials[0] /= torch.bincount(rows, minlength=tiles).clamp(min=1).unsqueeze(1).float()
+    partials[1].fill_(float(tile_m))  # M2 ~ n var with var 1
+    gamma, beta = torch.ones(N, device="cuda", dtype=dtype), torch.zeros(N, device="cuda", dtype=dtype)
+    save = torch.empty(2, N, device="cuda")
+    candidates = {
+        "finish": lambda: C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None,
+                                             None, 0.1, 1e-5, save[0], save[1], stream),
+        "copy": lambda: y2.copy_(y),
+        "in-place": lambda: y.mul_(1.0),
+    }
+    times = dict(zip(candidates, timer.interleaved(list(candidates.values()))))
+    moved = 2 * y.numel() * y.element_size()
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    for k, ms in medians.items():
+        print(f"  {name:<9} {k:<9} {ms * 1e3:8.1f} us  {moved / ms / 1e9:6.2f} TB/s  "
+              f"{medians['copy'] / ms:6.1%} of copy")
 
 
 def main() -> None:
@@ -30,35 +59,10 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30)
     args = parser.parse_args()
     M, N = args.size
-    C = _native.extension()
-    stream = torch.cuda.current_stream().cuda_stream
     timer = Timer(torch.device("cuda"), args.iters, warmup=3)
     print(f"{torch.cuda.get_device_name()}  y [{M}, {N}]  median of {args.iters}, interleaved, L2 flushed")
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        tile_m = 128
-        tiles = -(-M // tile_m)
-        y = torch.randn(M, N, device="cuda").to(dtype)
-        y2 = torch.empty_like(y)
-        # Partials of y itself, so the normalize is a well-defined (if unused) transform.
-        rows = torch.arange(M, device="cuda") // tile_m
-        partials = torch.zeros(2, tiles, N, device="cuda")
-        partials[0].index_add_(0, rows, y.float())
-        partials[0] /= torch.bincount(rows, minlength=tiles).clamp(min=1).unsqueeze(1).float()
-        partials[1].fill_(float(tile_m))  # M2 ~ n var with var 1
-        gamma, beta = torch.ones(N, device="cuda", dtype=dtype), torch.zeros(N, device="cuda", dtype=dtype)
-        save = torch.empty(2, N, device="cuda")
-        candidates = {
-            "finish": lambda: C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None,
-                                                 None, 0.1, 1e-5, save[0], save[1], stream),
-            "copy": lambda: y2.copy_(y),
-            "in-place": lambda: y.mul_(1.0),
-        }
-        times = dict(zip(candidates, timer.interleaved(list(candidates.values()))))
-        moved = 2 * y.numel() * y.element_size()
-        medians = {k: statistics.median(v) for k, v in times.items()}
-        for k, ms in medians.items():
-            print(f"  {name:<9} {k:<9} {ms * 1e3:8.1f} us  {moved / ms / 1e9:6.2f} TB/s  "
-                  f"{medians['copy'] / ms:6.1%} of copy")
+        measure(name, dtype, M, N, timer)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import Timer  # noqa: E402  (same flush-and-events method as the benchmark)
-
-from gemmbn import _native  # noqa: E402
+from bench import Timer
+from gemmbn import _native
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
