@@ -30,6 +30,8 @@ inline constexpr TileConfig kTf32Configs[] = {
     {64, 256, 32, 4, 1, 32, 1, 0, 8},   // wider multicast of W
     {64, 256, 32, 1, 1, 32, 1, 0, 8},   // no multicast
     {128, 256, 32, 2, 1, 16, 0, 0, 1},  // cooperative with a 128x16 epilogue subtile: 4 mainloop stages, not 3
+    {128, 256, 32, 1, 1, 16, 0, 0, 1},  // the same without multicast
+    {128, 256, 16, 2, 1, 16, 0, 0, 1},  // half-depth k-blocks: twice the stages in flight
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {64, 256, 64, 2, 1, 32, 1, 0, 8},
