@@ -2,8 +2,10 @@
 
 Callers have checked eligibility with plan.fused_plan. Every launch goes on PyTorch's current stream
 of x's device and nothing here synchronizes with the host, so the paths are CUDA-graph capturable.
-Tensors are detached before they cross DLPack (which refuses tensors that require grad); detaching
-shares storage, so in-place updates of the running statistics land in the caller's buffers.
+Tensors cross into the extension as DLPack capsules made by torch.utils.dlpack.to_dlpack: 0.4 us each,
+where handing nanobind the tensor makes it call Tensor.__dlpack__ (3.3 us, and it refuses tensors that
+require grad); a forward passes ~19, so this is most of its host time on a small problem. Capsules
+share storage, so in-place updates of the running statistics land in the caller's buffers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 from torch.autograd.graph import increment_version
+from torch.utils.dlpack import to_dlpack
 
 from . import precision as precision_mod
 from ._native import extension
@@ -22,21 +25,25 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 _MOMENTS_TILE_ROWS = 128  # rows per statistics partial on the IEEE fp32 path (bias_scale_moments)
 
 
-def _detached(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.detach()
+def _dl(t: Tensor | None):
+    """A DLPack capsule of t (None stays None): what the binding's array arguments take fastest."""
+    return None if t is None else to_dlpack(t)
 
 
 @contextlib.contextmanager
 def _on_device(x: Tensor) -> Iterator[int]:
     """Make x's device current (the binding checks it) and yield its current stream as an integer."""
+    if x.device.index == torch.cuda.current_device():  # the common case: skip the device switch
+        yield torch.cuda.current_stream(x.device).cuda_stream
+        return
     with torch.cuda.device(x.device):
         yield torch.cuda.current_stream(x.device).cuda_stream
 
 
 def _ieee_matmul(x: Tensor, weight: Tensor, out: Tensor) -> None:
     """out = x @ W^T in true fp32 (cuBLAS SGEMM), whatever the global TF32 setting."""
-    with precision_mod.float32_matmul_precision("highest"):
-        torch.mm(x, weight.t(), out=out)
+    with precision_mod.float32_matmul_precision("highest"):  # detached: out= refuses operands that need grad
+        torch.mm(x.detach(), weight.detach().t(), out=out)
 
 
 def train_forward(
@@ -59,8 +66,6 @@ def train_forward(
     Returns (out, pre_norm, save_mean, save_invstd) like reference.linear_scale_batch_norm.
     """
     _C = extension()
-    x, weight, bias, scale, gamma, beta = map(_detached, (x, weight, bias, scale, gamma, beta))
-    running_mean, running_var, num_batches_tracked = map(_detached, (running_mean, running_var, num_batches_tracked))
     (M, K), N = x.shape, weight.shape[0]
     if momentum is None and num_batches_tracked is None:
         momentum = 0.0  # nn.BatchNorm1d's factor when momentum is None and nothing is tracked
@@ -73,20 +78,24 @@ def train_forward(
         else:
             tile_rows, _ = _C.gemm_config(_DTYPE_NAMES[x.dtype], M, N, K)
         # Per (M-tile, column) mean and M2 of y as stored; rows 0/1 of one allocation.
-        partials = torch.empty((2, -(-M // tile_rows), N), dtype=torch.float32, device=x.device)
+        partial_means, partial_m2s = torch.empty((2, -(-M // tile_rows), N), dtype=torch.float32, device=x.device)
+        # Normalize in place unless y itself is kept for the backward pass.
+        out = torch.empty_like(y) if keep_pre_norm else y
+        y_, batches_ = _dl(y), _dl(num_batches_tracked)
+        means_, m2s_ = _dl(partial_means), _dl(partial_m2s)
         # The launch below increments num_batches_tracked (when given) on the device.
         if gemm_kind == precision_mod.IEEE_FP32:
             _ieee_matmul(x, weight, y)
-            _C.bias_scale_moments(y, y, bias, scale, partials[0], partials[1], num_batches_tracked, tile_rows, stream)
+            _C.bias_scale_moments(y_, _dl(y), _dl(bias), _dl(scale), means_, m2s_, batches_, tile_rows, stream)
         else:
             _C.gemm_scale_stats(
-                x, weight, y, bias, scale, None, None, partials[0], partials[1], num_batches_tracked, stream
+                _dl(x), _dl(weight), y_, _dl(bias), _dl(scale), None, None, means_, m2s_, batches_, stream
             )
-        # Normalize in place unless y itself is kept for the backward pass.
-        out = torch.empty_like(y) if keep_pre_norm else y
+        # A capsule is consumed by the call that takes it: fresh ones for the second launch.
         _C.finish_normalize(
-            y, out, partials[0], partials[1], tile_rows, gamma, beta,
-            running_mean, running_var, num_batches_tracked, momentum, eps, save_mean, save_invstd, stream,
+            _dl(y), _dl(out), _dl(partial_means), _dl(partial_m2s), tile_rows, _dl(gamma), _dl(beta),
+            _dl(running_mean), _dl(running_var), _dl(num_batches_tracked), momentum, eps,
+            _dl(save_mean), _dl(save_invstd), stream,
         )  # fmt: skip
     # The kernels wrote through DLPack, which autograd does not see: count the in-place updates.
     increment_version([t for t in (running_mean, running_var, num_batches_tracked) if t is not None])
@@ -108,20 +117,22 @@ def eval_forward(
 ) -> Tensor:
     """Running-statistics forward: out = ((xW^T + b) s) g + c with g = gamma/sqrt(rv + eps), c = beta - rm g."""
     _C = extension()
-    x, weight, bias, scale, gamma, beta = map(_detached, (x, weight, bias, scale, gamma, beta))
-    running_mean, running_var = running_mean.detach(), running_var.detach()
     (M, _), N = x.shape, weight.shape[0]
     gain = torch.empty(N, dtype=torch.float32, device=x.device)
     shift = torch.empty_like(gain)
     out = x.new_empty((M, N))
     with _on_device(x) as stream:
-        _C.fold_eval_affine(gamma, beta, running_mean, running_var, eps, gain, shift, stream)
+        _C.fold_eval_affine(
+            _dl(gamma), _dl(beta), _dl(running_mean), _dl(running_var), eps, _dl(gain), _dl(shift), stream
+        )
         if gemm_kind == precision_mod.IEEE_FP32:
             # acc in true fp32, then one elementwise pass: out = acc * (s gain) + (b s gain + shift).
             _ieee_matmul(x, weight, out)
-            column_gain = scale * gain
-            column_shift = shift if bias is None else torch.addcmul(shift, bias, column_gain)
+            column_gain = scale.detach() * gain
+            column_shift = shift if bias is None else torch.addcmul(shift, bias.detach(), column_gain)
             torch.addcmul(column_shift, out, column_gain, out=out)
         else:
-            _C.gemm_scale_stats(x, weight, out, bias, scale, gain, shift, None, None, None, stream)
+            _C.gemm_scale_stats(
+                _dl(x), _dl(weight), _dl(out), _dl(bias), _dl(scale), _dl(gain), _dl(shift), None, None, None, stream
+            )
     return out
