@@ -2,12 +2,15 @@
 # Everything one device call should do after a kernel change, in order of importance, logs in OUT_DIR:
 # build (ptxas report), GPU tests, the tuning sweep, finish_normalize's bandwidth, the per-launch breakdown,
 # the side-by-side benchmark
-# at the KernelBench shape, and the main job.
+# at the KernelBench shape, and the main job; the logs come back as OUT_DIR/session.tgz.
 #   bash perf/gpu_session.sh OUT_DIR          (carry .whl/ with the CUTLASS wheel; see perf/README.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:?usage: bash perf/gpu_session.sh OUT_DIR}
+archive_dir=${1:?usage: bash perf/gpu_session.sh OUT_DIR}
+out="$archive_dir/session"
 mkdir -p "$out"
+# The device tool returns at most 8 files: the logs go back as one archive, however the script ends.
+trap 'tar czf "$archive_dir/session.tgz" -C "$archive_dir" session && rm -rf "$out" && echo "logs: session.tgz"' EXIT
 export PYTHONUNBUFFERED=1
 step() { echo "== $1 ($(date +%T))"; }
 
@@ -17,7 +20,7 @@ grep "stack frame" "$out/ptxas.txt" | sort | uniq -c
 step tests
 timeout 240 python3 -m pytest -q -rs tests/test_native_gpu.py tests/test_fused_gpu.py 2>&1 | tee "$out/tests.log" | tail -6
 step tune
-timeout 120 python3 perf/tune_gemm.py --out "$out/tune.csv" 2>&1 | tee "$out/tune.txt" | awk '/:/{c=0} {c++; if (c<=7) print}'
+timeout 120 python3 perf/tune_gemm.py --out "$out/tune.csv" 2>&1 | tee "$out/tune.txt" | awk '/:/{c=0} {c++; if (c<=13) print}'
 step finish-bandwidth
 timeout 60 python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt"
 step breakdown

@@ -32,11 +32,14 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 256, 32, 2, 1, 16, 0, 0, 1},  // cooperative with a 128x16 epilogue subtile: 4 mainloop stages, not 3
     {128, 256, 32, 1, 1, 16, 0, 0, 1},  // the same without multicast
     {128, 256, 16, 2, 1, 16, 0, 0, 1},  // half-depth k-blocks: twice the stages in flight
+    {64, 256, 32, 2, 2, 32, 1, 0, 8},   // 2x2 cluster: x multicast too (less L2 traffic per tile)
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {64, 256, 64, 2, 1, 32, 1, 0, 8},
     {128, 256, 64, 2, 1, 0, 0, 0, 1},
     {64, 256, 64, 4, 1, 32, 1, 0, 8},
+    {64, 256, 64, 2, 2, 32, 1, 0, 8},   // 2x2 cluster: x multicast too
+    {128, 128, 64, 2, 1, 0, 0, 0, 1},   // smaller tile: more tiles when M*N is small
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);
