@@ -30,3 +30,21 @@ def test_gemm_config_reports_the_row_used(dtype):
     assert _C.gemm_config(dtype, 16384, 4096, 4096) in {(r["tile_m"], r["tile_n"]) for r in rows}
     with pytest.raises(ValueError, match="config"):
         _C.gemm_config(dtype, 1000, 264, 512, len(rows))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_selection_follows_the_measured_rule(dtype):
+    # select_config: row 0 above M = 2048, row 1 at or below (configs.h quotes the sweeps behind it).
+    rows = _C.gemm_configs(dtype)
+    tile = {index: (row["tile_m"], row["tile_n"]) for index, row in enumerate(rows)}
+    assert _C.gemm_config(dtype, 16384, 4096, 4096) == tile[0]
+    assert _C.gemm_config(dtype, 2049, 4096, 4096) == tile[0]
+    assert _C.gemm_config(dtype, 2048, 8192, 8192) == tile[1]
+    assert _C.gemm_config(dtype, 1024, 8192, 8192) == tile[1]
+    # The short-M rows differ from row 0 in what the sweep measured: no multicast (TF32), a 128-row tile (half).
+    short, default = rows[1], rows[0]
+    if dtype == "float32":
+        assert (short["cluster_m"], short["cluster_n"], short["pingpong"]) == (1, 1, 1)
+    else:
+        assert (short["tile_m"], short["pingpong"]) == (128, 0)
+    assert default["pingpong"] == 1 and default["cluster_m"] == 2

@@ -21,9 +21,13 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
+// Row by shape from the sweeps quoted in configs.h. Short M is where 64-row ping-pong tiles lost
+// (measured at M = 1024 and 16384; the 2048 boundary between them is not yet measured).
 int select_config(DType dtype, int M, int N, int K) {
-  (void)dtype, (void)M, (void)N, (void)K;
-  return 0;  // shape-dependent rows come with the measurements of perf/tune_gemm.py
+  (void)dtype, (void)N, (void)K;
+  constexpr int kShortM = 2048;
+  constexpr int kDefaultRow = 0, kShortMRow = 1;  // the same index in both tables (configs.h)
+  return M > kShortM ? kDefaultRow : kShortMRow;
 }
 
 int gemm_config_count(DType dtype) { return config_count(dtype); }

@@ -19,27 +19,22 @@ struct TileConfig {
   int swizzle;                 // max swizzle size (1, 2, 4 or 8)
 };
 
-// Row 0 is the default (select_config). Measured at 16384x4096->4096 on an H200, candidates timed
-// interleaved (perf/tune_gemm.py): the ping-pong 64x256 row with a 2x1 cluster and swizzle 8 was the
-// fastest GEMM + statistics in every dtype (TF32 1.01x cuBLAS mm, bf16 1.03x cuBLAS addmm, fp16 1.00x),
-// ahead of the cooperative 128x256 row (the shared/measurements.md probe's best). The other rows are
-// kept as measured alternatives for shape-dependent selection.
+// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape. Kept rows are the ones that won
+// somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM + statistics, L2 flushed):
+// - 16384x4096->4096: the ping-pong 64x256 row with a 2x1 cluster, swizzle 8, in every dtype (TF32
+//   1.585 ms vs cuBLAS mm 1.601; bf16 0.804 vs addmm 0.803). Cooperative 128x256 rows ran 1.72-1.81 ms
+//   in TF32 whatever their epilogue subtile (4 stages), k-depth (8 stages) or cluster; 4x1 and 2x2
+//   clusters 9-13% slower (dropped).
+// - 1024x8192->8192 (short M, long K): TF32 ping-pong without a cluster 0.366 ms (cuBLAS addmm 0.354),
+//   the 2x1 row above 0.377+; bf16 the cooperative 128x256 row 0.195 (ping-pong 0.201, addmm 0.175).
 inline constexpr TileConfig kTf32Configs[] = {
-    {64, 256, 32, 2, 1, 32, 1, 0, 8},   // ping-pong: a warpgroup per 64-row tile
-    {128, 256, 32, 2, 1, 0, 0, 0, 1},   // cooperative: both warpgroups on a 128-row tile
-    {64, 256, 32, 4, 1, 32, 1, 0, 8},   // wider multicast of W
-    {64, 256, 32, 1, 1, 32, 1, 0, 8},   // no multicast
-    {128, 256, 32, 2, 1, 16, 0, 0, 1},  // cooperative with a 128x16 epilogue subtile: 4 mainloop stages, not 3
-    {128, 256, 32, 1, 1, 16, 0, 0, 1},  // the same without multicast
-    {128, 256, 16, 2, 1, 16, 0, 0, 1},  // half-depth k-blocks: twice the stages in flight
-    {64, 256, 32, 2, 2, 32, 1, 0, 8},   // 2x2 cluster: x multicast too (less L2 traffic per tile)
+    {64, 256, 32, 2, 1, 32, 1, 0, 8},   // 0: ping-pong, a warpgroup per 64-row tile; W multicast to 2 CTAs
+    {64, 256, 32, 1, 1, 32, 1, 0, 8},   // 1: the same without multicast (short M)
+    {128, 256, 32, 1, 1, 16, 0, 0, 1},  // 2: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
-    {64, 256, 64, 2, 1, 32, 1, 0, 8},
-    {128, 256, 64, 2, 1, 0, 0, 0, 1},
-    {64, 256, 64, 4, 1, 32, 1, 0, 8},
-    {64, 256, 64, 2, 2, 32, 1, 0, 8},   // 2x2 cluster: x multicast too
-    {128, 128, 64, 2, 1, 0, 0, 0, 1},   // smaller tile: more tiles when M*N is small
+    {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
+    {128, 256, 64, 2, 1, 0, 0, 0, 1},   // 1: cooperative 128x256 (short M)
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);
@@ -50,7 +45,7 @@ inline constexpr TileConfig const& config_at(DType dtype, int index) {
   return dtype == DType::f32 ? kTf32Configs[index] : kHalfConfigs[index];
 }
 
-// Index into the dtype's table for this problem.
+// Index into the dtype's table for this problem (one rule, measured rows; see gemm_dispatch.cpp).
 int select_config(DType dtype, int M, int N, int K);
 
 }  // namespace gemmbn
