@@ -1,7 +1,9 @@
 """Timing of callables side by side: CUDA events on the GPU, perf_counter on the CPU.
 
 One method serves the main job and perf/bench.py: candidates are timed interleaved (round i times each
-once), so that clock drift under sustained load (power, heat) falls on all of them alike; on the GPU an
+once), so that clock drift under sustained load (power, heat) falls on all of them alike, and each round
+starts one candidate later than the last, so that no candidate always follows the same neighbour (a
+kernel's clocks depend on the power drawn just before it); on the GPU an
 optional buffer is overwritten before every timed call (outside the events) to evict the operands
 from L2, and the host never waits between calls.
 """
@@ -30,22 +32,24 @@ def interleaved_ms(fns: Sequence[Callable[[], object]], device: torch.device, it
             fn()
     if device.type != "cuda":
         times = [[] for _ in fns]
-        for _ in range(iters):
-            for fn, fn_times in zip(fns, times):
+        for round_index in range(iters):
+            for position in range(len(fns)):
+                index = (round_index + position) % len(fns)
                 start = time.perf_counter()
-                fn()
-                fn_times.append((time.perf_counter() - start) * 1e3)
+                fns[index]()
+                times[index].append((time.perf_counter() - start) * 1e3)
         return times
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
               for _ in fns]  # fmt: skip
     torch.cuda.synchronize(device)
     for round_index in range(iters):
-        for fn, fn_events in zip(fns, events):
-            start, end = fn_events[round_index]
+        for position in range(len(fns)):
+            index = (round_index + position) % len(fns)  # rotated order
+            start, end = events[index][round_index]
             if flush is not None:
                 flush.zero_()
             start.record()
-            fn()
+            fns[index]()
             end.record()
     torch.cuda.synchronize(device)  # one sync at the end: no host gap forced between calls
     return [[start.elapsed_time(end) for start, end in fn_events] for fn_events in events]
