@@ -178,30 +178,9 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
   }
 }
 
-// Before phase 1: L2 prefetch of the first kRowsPerPass x kUnroll rows of the block's first normalize item
-// (32 KB a block in fp32; ~32 MB in all at 16384x4096 on 132 SMs, inside the 60 MB L2). Phase 1 reads only
-// the small partials and most blocks have no column group, so DRAM would otherwise idle until the barrier.
-template <class T>
-__device__ void prefetch_first_rows(FinishParams<T> const& p) {
-  using Vec = Vector16<T>;
-  constexpr int kCols = kLanesPerRow * Vec::kSize;
-  constexpr int kVectorsPerLine = 128 / sizeof(Vec);  // one prefetch per 128-byte line
-  const int item = blockIdx.x;
-  const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
-  if (item >= p.items || lane % kVectorsPerLine != 0) return;
-  const int vector_col = (item % p.stripes) * kCols + lane * Vec::kSize;
-  if (vector_col >= p.N) return;
-  const int64_t row_begin = (item / p.stripes) * p.rows_per_chunk;
-  const int64_t row_end = min(p.M, row_begin + min(p.rows_per_chunk, int64_t(kRowsPerPass * kUnroll)));
-  for (int64_t row = row_begin + row_in_pass; row < row_end; row += kRowsPerPass) {
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p.y + row * p.N + vector_col));
-  }
-}
-
 // finish_normalize: phase 1 (column statistics), grid barrier, phase 2 (normalize). Cooperative launch.
 template <class T>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
-  prefetch_first_rows(p);
   merge_column_statistics(p);
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
   normalize_rows(p);
