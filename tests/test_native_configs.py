@@ -41,10 +41,6 @@ def test_selection_follows_the_measured_rule(dtype):
     assert _C.gemm_config(dtype, 2049, 4096, 4096) == tile[0]
     assert _C.gemm_config(dtype, 2048, 8192, 8192) == tile[1]
     assert _C.gemm_config(dtype, 1024, 8192, 8192) == tile[1]
-    # The short-M rows differ from row 0 in what the sweep measured: no multicast (TF32), a 128-row tile (half).
-    short, default = rows[1], rows[0]
-    if dtype == "float32":
-        assert (short["cluster_m"], short["cluster_n"], short["pingpong"]) == (1, 1, 1)
-    else:
-        assert (short["tile_m"], short["pingpong"]) == (128, 0)
-    assert default["pingpong"] == 1 and default["cluster_m"] == 2
+    # What the sweep measured: ping-pong 64x256 with a 2x1 cluster above, cooperative 128x256 at short M.
+    assert (rows[0]["tile_m"], rows[0]["tile_n"], rows[0]["pingpong"], rows[0]["cluster_m"]) == (64, 256, 1, 2)
+    assert (rows[1]["tile_m"], rows[1]["tile_n"], rows[1]["pingpong"], rows[1]["swizzle"]) == (128, 256, 0, 8)

@@ -19,22 +19,25 @@ struct TileConfig {
   int swizzle;                 // max swizzle size (1, 2, 4 or 8)
 };
 
-// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape. Kept rows are the ones that won
-// somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM + statistics, L2 flushed):
-// - 16384x4096->4096: the ping-pong 64x256 row with a 2x1 cluster, swizzle 8, in every dtype (TF32
-//   1.585 ms vs cuBLAS mm 1.601; bf16 0.804 vs addmm 0.803). Cooperative 128x256 rows ran 1.72-1.81 ms
-//   in TF32 whatever their epilogue subtile (4 stages), k-depth (8 stages) or cluster; 4x1 and 2x2
-//   clusters 9-13% slower (dropped).
-// - 1024x8192->8192 (short M, long K): TF32 ping-pong without a cluster 0.366 ms (cuBLAS addmm 0.354),
-//   the 2x1 row above 0.377+; bf16 the cooperative 128x256 row 0.195 (ping-pong 0.201, addmm 0.175).
+// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape: row 0 above M = 2048, row 1 at
+// or below. Kept rows won somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM +
+// statistics, L2 flushed, ms):
+// - 16384x4096->4096: ping-pong 64x256, 2x1 cluster, swizzle 8 in every dtype (TF32 1.585 vs cuBLAS mm
+//   1.601; bf16 0.804 vs addmm 0.803). Cooperative 128x256 TF32 rows ran 1.72-1.81 whatever their
+//   epilogue subtile (4 stages), k-depth (8 stages) or cluster; 4x1 and 2x2 clusters lost 9-13% (dropped).
+// - M <= 2048: cooperative 128x256 with swizzle 8. TF32 (no cluster, 128x16 epilogue subtile): 0.752 vs
+//   row 0 0.755 at 2048x8192->8192, 0.189 vs 0.197 at 2048x4096->4096, 0.372 vs 0.377+ at
+//   1024x8192->8192. bf16: 0.372 vs 0.388, 0.104 vs 0.109; at 1024x8192->8192 within 3% of row 0.
+//   A ping-pong row without a cluster was 2-4% faster than row 0 in TF32 with its best order but fell
+//   off a cliff with another (2048x8192->8192: 0.735 ms at swizzle 8, 1.406 at swizzle 1; 1024x8192->8192
+//   the reverse): dropped.
 inline constexpr TileConfig kTf32Configs[] = {
     {64, 256, 32, 2, 1, 32, 1, 0, 8},   // 0: ping-pong, a warpgroup per 64-row tile; W multicast to 2 CTAs
-    {64, 256, 32, 1, 1, 32, 1, 0, 8},   // 1: the same without multicast (short M)
-    {128, 256, 32, 1, 1, 16, 0, 0, 1},  // 2: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
+    {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
-    {128, 256, 64, 2, 1, 0, 0, 0, 1},   // 1: cooperative 128x256 (short M)
+    {128, 256, 64, 2, 1, 0, 0, 0, 8},   // 1: cooperative 128x256
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);
