@@ -34,13 +34,13 @@ def test_gemm_config_reports_the_row_used(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_selection_follows_the_measured_rule(dtype):
-    # select_config: row 0 above M = 2048, row 1 at or below (configs.h quotes the sweeps behind it).
+    # select_config: TF32 at M <= 2048 takes row 1 (cooperative 128x256), everything else row 0
+    # (ping-pong 64x256, 2x1 cluster); configs.h quotes the sweeps behind it.
     rows = _C.gemm_configs(dtype)
     tile = {index: (row["tile_m"], row["tile_n"]) for index, row in enumerate(rows)}
-    assert _C.gemm_config(dtype, 16384, 4096, 4096) == tile[0]
-    assert _C.gemm_config(dtype, 2049, 4096, 4096) == tile[0]
-    assert _C.gemm_config(dtype, 2048, 8192, 8192) == tile[1]
-    assert _C.gemm_config(dtype, 1024, 8192, 8192) == tile[1]
-    # What the sweep measured: ping-pong 64x256 with a 2x1 cluster above, cooperative 128x256 at short M.
     assert (rows[0]["tile_m"], rows[0]["tile_n"], rows[0]["pingpong"], rows[0]["cluster_m"]) == (64, 256, 1, 2)
-    assert (rows[1]["tile_m"], rows[1]["tile_n"], rows[1]["pingpong"], rows[1]["swizzle"]) == (128, 256, 0, 8)
+    for M in (16384, 2049, 2048, 1024):
+        expected = 1 if dtype == "float32" and M <= 2048 else 0
+        assert _C.gemm_config(dtype, M, 8192, 8192) == tile[expected]
+    if dtype == "float32":
+        assert (rows[1]["tile_m"], rows[1]["tile_n"], rows[1]["pingpong"], rows[1]["cluster_m"]) == (128, 256, 0, 1)

@@ -21,13 +21,13 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
-// Row by shape from the sweeps quoted in configs.h. Short M is where 64-row ping-pong tiles lost
-// (measured at M = 1024 and 16384; the 2048 boundary between them is not yet measured).
+// Row by shape from the sweeps quoted in configs.h: TF32 problems with few rows take the cooperative
+// 128x256 tile (measured at M = 1024 and 2048 against 16384), everything else row 0.
 int select_config(DType dtype, int M, int N, int K) {
-  (void)dtype, (void)N, (void)K;
+  (void)N, (void)K;
   constexpr int kShortM = 2048;
-  constexpr int kDefaultRow = 0, kShortMRow = 1;  // the same index in both tables (configs.h)
-  return M > kShortM ? kDefaultRow : kShortMRow;
+  constexpr int kDefaultRow = 0, kTf32ShortMRow = 1;
+  return dtype == DType::f32 && M <= kShortM ? kTf32ShortMRow : kDefaultRow;
 }
 
 int gemm_config_count(DType dtype) { return config_count(dtype); }

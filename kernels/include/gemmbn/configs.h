@@ -19,25 +19,24 @@ struct TileConfig {
   int swizzle;                 // max swizzle size (1, 2, 4 or 8)
 };
 
-// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape: row 0 above M = 2048, row 1 at
-// or below. Kept rows won somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM +
-// statistics, L2 flushed, ms):
-// - 16384x4096->4096: ping-pong 64x256, 2x1 cluster, swizzle 8 in every dtype (TF32 1.585 vs cuBLAS mm
-//   1.601; bf16 0.804 vs addmm 0.803). Cooperative 128x256 TF32 rows ran 1.72-1.81 whatever their
-//   epilogue subtile (4 stages), k-depth (8 stages) or cluster; 4x1 and 2x2 clusters lost 9-13% (dropped).
-// - M <= 2048: cooperative 128x256 with swizzle 8. TF32 (no cluster, 128x16 epilogue subtile): 0.752 vs
-//   row 0 0.755 at 2048x8192->8192, 0.189 vs 0.197 at 2048x4096->4096, 0.372 vs 0.377+ at
-//   1024x8192->8192. bf16: 0.372 vs 0.388, 0.104 vs 0.109; at 1024x8192->8192 within 3% of row 0.
-//   A ping-pong row without a cluster was 2-4% faster than row 0 in TF32 with its best order but fell
-//   off a cliff with another (2048x8192->8192: 0.735 ms at swizzle 8, 1.406 at swizzle 1; 1024x8192->8192
-//   the reverse): dropped.
+// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape: TF32 row 1 at M <= 2048, else row 0.
+// Kept rows won somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM + statistics, L2
+// flushed, ms):
+// - 16384x4096->4096: ping-pong 64x256, 2x1 cluster, swizzle 8 in every dtype (TF32 1.553-1.585 vs cuBLAS mm
+//   1.601; bf16 0.788-0.804 vs addmm 0.780-0.803). Cooperative 128x256 TF32 rows ran 1.72-1.81 whatever
+//   their epilogue subtile (4 stages), k-depth (8 stages) or cluster; 4x1 and 2x2 clusters lost 9-13%.
+// - TF32 at M <= 2048: cooperative 128x256 without a cluster, 128x16 epilogue subtile, swizzle 8: 0.360 vs
+//   row 0 0.389 at 1024x8192->8192, 0.752 vs 0.755 at 2048x8192->8192, 0.189 vs 0.197 at 2048x4096->4096.
+// - Dropped for cliffs: the tile order of the persistent scheduler can double a short-M GEMM's time. The
+//   bf16 cooperative 128x256 row (2x1 cluster) ran 0.372 vs row 0's 0.388 at 2048x8192->8192 with swizzle
+//   8 but 0.386 vs 0.207 at 1024x8192->8192; a TF32 ping-pong row without a cluster ran 0.735 at swizzle 8
+//   and 1.406 at swizzle 1 at 2048x8192->8192, the reverse at 1024. Row 0 showed no cliff at any size.
 inline constexpr TileConfig kTf32Configs[] = {
     {64, 256, 32, 2, 1, 32, 1, 0, 8},   // 0: ping-pong, a warpgroup per 64-row tile; W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
-    {128, 256, 64, 2, 1, 0, 0, 0, 8},   // 1: cooperative 128x256
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);
