@@ -77,8 +77,9 @@ def train_forward(
             tile_rows = _MOMENTS_TILE_ROWS
         else:
             tile_rows, _ = _C.gemm_config(_DTYPE_NAMES[x.dtype], M, N, K)
-        # Per (M-tile, column) mean and M2 of y as stored; rows 0/1 of one allocation.
-        partial_means, partial_m2s = torch.empty((2, -(-M // tile_rows), N), dtype=torch.float32, device=x.device)
+        # Per (M-tile, column) mean and M2 of y as stored.
+        partial_means = torch.empty((-(-M // tile_rows), N), dtype=torch.float32, device=x.device)
+        partial_m2s = torch.empty_like(partial_means)
         # Normalize in place unless y itself is kept for the backward pass.
         out = torch.empty_like(y) if keep_pre_norm else y
         y_, batches_ = _dl(y), _dl(num_batches_tracked)
