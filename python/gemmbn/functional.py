@@ -26,6 +26,8 @@ def _scale_vector(scale: Tensor, num_features: int, x: Tensor) -> Tensor:
         raise TypeError(f"scale must be a Tensor, got {type(scale).__name__}")
     if scale.device != x.device:
         raise ValueError(f"scale is on {scale.device} but x is on {x.device}")
+    if scale.shape == (num_features,) and scale.is_contiguous():
+        return scale  # the module's own parameter: nothing to reshape (saves ~5 us a forward)
     # Broadcasting with y [M, N] must give [M, N] and scale must not vary along M.
     leading = scale.shape[:-1]
     last = scale.shape[-1] if scale.dim() else 1
