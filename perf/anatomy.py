@@ -13,9 +13,9 @@ import argparse
 import statistics
 from collections import defaultdict
 
-import gemmbn
 import torch
 from gemmbn import timing
+from models import reference_drop_in_compiled
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -27,12 +27,7 @@ def main() -> None:
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    torch.set_float32_matmul_precision("high")
-    reference = gemmbn.ReferenceModel(K, N, (N,)).to("cuda", dtype)
-    drop_in = gemmbn.GemmScaleBatchNorm.from_module(reference)
-    x = torch.rand(M, K, device="cuda", dtype=dtype)
-    compiled = torch.compile(reference)
+    reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype)
     flush = timing.flush_buffer(torch.device("cuda"))
     providers = {"gemmbn": lambda: drop_in(x), "compile": lambda: compiled(x), "eager": lambda: reference(x)}
     with torch.no_grad():

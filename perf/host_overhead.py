@@ -15,8 +15,8 @@ import cProfile
 import pstats
 import time
 
-import gemmbn
 import torch
+from models import reference_drop_in_compiled
 
 
 def per_call_us(fn, calls: int) -> tuple[float, float]:
@@ -44,12 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    torch.set_float32_matmul_precision("high")
-    reference = gemmbn.ReferenceModel(K, N, (N,)).to("cuda", dtype)
-    drop_in = gemmbn.GemmScaleBatchNorm.from_module(reference)
-    compiled = torch.compile(reference)
-    x = torch.rand(M, K, device="cuda", dtype=dtype)
+    reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype)
     print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} (TF32 for float32), training forward, "
           f"no_grad, {args.calls} calls back to back")
     with torch.no_grad():

@@ -1,0 +1,16 @@
+"""The models the per-forward perf scripts compare, built one way (seed 0, TF32 for float32)."""
+
+from __future__ import annotations
+
+import gemmbn
+import torch
+
+
+def reference_drop_in_compiled(M: int, K: int, N: int, dtype: torch.dtype):
+    """(reference, drop_in sharing its parameters and buffers, torch.compile(reference), x [M, K]) on CUDA."""
+    torch.manual_seed(0)
+    torch.set_float32_matmul_precision("high")
+    reference = gemmbn.ReferenceModel(K, N, (N,)).to("cuda", dtype)
+    drop_in = gemmbn.GemmScaleBatchNorm.from_module(reference)
+    x = torch.rand(M, K, device="cuda", dtype=dtype)
+    return reference, drop_in, torch.compile(reference), x
