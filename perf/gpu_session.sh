@@ -6,13 +6,8 @@
 #   bash perf/gpu_session.sh OUT_DIR          (carry .whl/ with the CUTLASS wheel; see perf/README.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-archive_dir=${1:?usage: bash perf/gpu_session.sh OUT_DIR}
-out="$archive_dir/session"
-mkdir -p "$out"
-# The device tool returns at most 8 files: the logs go back as one archive, however the script ends.
-trap 'tar czf "$archive_dir/session.tgz" -C "$archive_dir" session && rm -rf "$out" && echo "logs: session.tgz"' EXIT
-export PYTHONUNBUFFERED=1
-step() { echo "== $1 ($(date +%T))"; }
+source perf/session_lib.sh
+session_begin "${1:?usage: bash perf/gpu_session.sh OUT_DIR}" session
 
 step build
 bash perf/run_on_gpu.sh "$out" --build-only || exit 1
