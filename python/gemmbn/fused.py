@@ -33,10 +33,8 @@ def _dl(t: Tensor | None):
 @contextlib.contextmanager
 def _on_device(x: Tensor) -> Iterator[int]:
     """Make x's device current (the binding checks it) and yield its current stream as an integer."""
-    if x.device.index == torch.cuda.current_device():  # the common case: skip the device switch
-        yield torch.cuda.current_stream(x.device).cuda_stream
-        return
-    with torch.cuda.device(x.device):
+    already_current = x.device.index == torch.cuda.current_device()  # the common case: no device switch
+    with contextlib.nullcontext() if already_current else torch.cuda.device(x.device):
         yield torch.cuda.current_stream(x.device).cuda_stream
 
 

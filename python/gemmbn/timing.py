@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -24,6 +24,13 @@ def flush_buffer(device: torch.device) -> torch.Tensor | None:
     return torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if device.type == "cuda" else None
 
 
+def _rotated_rounds(iters: int, count: int) -> Iterator[tuple[int, int]]:
+    """(round, candidate index) in timing order: every round times each candidate once, starting one later."""
+    for round_index in range(iters):
+        for position in range(count):
+            yield round_index, (round_index + position) % count
+
+
 def interleaved_ms(fns: Sequence[Callable[[], object]], device: torch.device, iters: int = 10, warmup: int = 3,
                    flush: torch.Tensor | None = None) -> list[list[float]]:
     """Milliseconds of each of ``iters`` calls of every fn, after ``warmup`` untimed calls of each."""
@@ -32,25 +39,21 @@ def interleaved_ms(fns: Sequence[Callable[[], object]], device: torch.device, it
             fn()
     if device.type != "cuda":
         times = [[] for _ in fns]
-        for round_index in range(iters):
-            for position in range(len(fns)):
-                index = (round_index + position) % len(fns)
-                start = time.perf_counter()
-                fns[index]()
-                times[index].append((time.perf_counter() - start) * 1e3)
+        for _, index in _rotated_rounds(iters, len(fns)):
+            start = time.perf_counter()
+            fns[index]()
+            times[index].append((time.perf_counter() - start) * 1e3)
         return times
     events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
               for _ in fns]  # fmt: skip
     torch.cuda.synchronize(device)
-    for round_index in range(iters):
-        for position in range(len(fns)):
-            index = (round_index + position) % len(fns)  # rotated order
-            start, end = events[index][round_index]
-            if flush is not None:
-                flush.zero_()
-            start.record()
-            fns[index]()
-            end.record()
+    for round_index, index in _rotated_rounds(iters, len(fns)):
+        start, end = events[index][round_index]
+        if flush is not None:
+            flush.zero_()
+        start.record()
+        fns[index]()
+        end.record()
     torch.cuda.synchronize(device)  # one sync at the end: no host gap forced between calls
     return [[start.elapsed_time(end) for start, end in fn_events] for fn_events in events]
 
