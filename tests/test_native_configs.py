@@ -1,46 +1,70 @@
-"""The native module's configuration table, without a GPU (runs wherever the extension is built, CI too)."""
+"""The native module's configuration tables, without a GPU (runs wherever the extension is built, CI too)."""
 
 import pytest
 
 _C = pytest.importorskip("gemmbn._C", reason="the native extension is not built")
 
-DTYPES = ("float32", "bfloat16", "float16")
-FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster", "swizzle"}
+# (dtype, split): the three native operand types and the fp32-faithful split GEMM.
+TABLES = [("float32", False), ("bfloat16", False), ("float16", False), ("float32", True)]
+TABLE_IDS = ["tf32", "bf16", "fp16", "split"]
+FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster", "swizzle",
+          "partial_rows"}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_every_row_is_a_valid_configuration(dtype):
-    rows = _C.gemm_configs(dtype)
-    assert rows, "a dtype without configurations"
+@pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
+def test_every_row_is_a_valid_configuration(dtype, split):
+    rows = _C.gemm_configs(dtype, split)
+    assert rows, "a table without configurations"
     for row in rows:
         assert set(row) == FIELDS
-        # A ping-pong warpgroup owns a 64-row tile; a cooperative pair a 128-row one (CUTLASS's epilogue
-        # builder and the statistics node need the epilogue subtile to span the tile's rows).
-        assert row["tile_m"] == (64 if row["pingpong"] else 128)
+        # A ping-pong warpgroup owns a 64-row tile; a cooperative pair 128 or 256 rows, whose epilogue
+        # walks 128-row subtiles (CUTLASS's cooperative epilogue): one statistics partial per subtile.
+        if row["pingpong"]:
+            assert row["tile_m"] == 64 and row["partial_rows"] == 64
+        else:
+            assert row["tile_m"] in (128, 256) and row["partial_rows"] == 128
         assert row["tile_n"] % 16 == 0 and row["cluster_m"] >= 1 and row["cluster_n"] >= 1
         assert row["raster"] in (0, 1, 2) and row["swizzle"] in (1, 2, 4, 8)
         assert row["epilogue_n"] == 0 or row["tile_n"] % row["epilogue_n"] == 0
+        if split:
+            # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only.
+            assert (row["tile_m"], row["tile_n"], row["tile_k"], row["pingpong"], row["cluster_n"]) == (128, 128, 32, 0, 1)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_gemm_config_reports_the_row_used(dtype):
-    rows = _C.gemm_configs(dtype)
+@pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
+def test_gemm_config_reports_the_row_used(dtype, split):
+    rows = _C.gemm_configs(dtype, split)
     for index, row in enumerate(rows):
-        assert _C.gemm_config(dtype, 1000, 264, 512, index) == (row["tile_m"], row["tile_n"])
-    assert _C.gemm_config(dtype, 16384, 4096, 4096) in {(r["tile_m"], r["tile_n"]) for r in rows}
+        assert _C.gemm_config(dtype, 1000, 264, 512, index, split) == (row["partial_rows"], row["tile_n"])
+    assert _C.gemm_config(dtype, 16384, 4096, 4096, -1, split) in {(r["partial_rows"], r["tile_n"]) for r in rows}
     with pytest.raises(ValueError, match="config"):
-        _C.gemm_config(dtype, 1000, 264, 512, len(rows))
+        _C.gemm_config(dtype, 1000, 264, 512, len(rows), split)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_selection_follows_the_measured_rule(dtype):
+def test_split_is_float32_only():
+    with pytest.raises(ValueError, match="float32"):
+        _C.gemm_configs("bfloat16", True)
+
+
+def test_split_weight_columns():
+    # Per 32-column k-tile: 32 hi parts, then 32 lo parts; K rounds up to whole k-tiles.
+    assert [_C.split_weight_columns(K) for K in (4, 32, 36, 4096)] == [64, 64, 128, 8192]
+
+
+@pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
+def test_selection_follows_the_measured_rule(dtype, split):
     # select_config: TF32 at M <= 2048 takes row 1 (cooperative 128x256), everything else row 0
-    # (ping-pong 64x256, 2x1 cluster); configs.h quotes the sweeps behind it.
-    rows = _C.gemm_configs(dtype)
-    tile = {index: (row["tile_m"], row["tile_n"]) for index, row in enumerate(rows)}
-    assert (rows[0]["tile_m"], rows[0]["tile_n"], rows[0]["pingpong"], rows[0]["cluster_m"]) == (64, 256, 1, 2)
+    # (16-bit and TF32: ping-pong 64x256, 2x1 cluster; split: 128x128 without a cluster); configs.h
+    # quotes the sweeps behind it.
+    rows = _C.gemm_configs(dtype, split)
+    tile = {index: (row["partial_rows"], row["tile_n"]) for index, row in enumerate(rows)}
+    if split:
+        assert (rows[0]["tile_m"], rows[0]["tile_n"], rows[0]["cluster_m"]) == (128, 128, 1)
+    else:
+        assert (rows[0]["tile_m"], rows[0]["tile_n"], rows[0]["pingpong"], rows[0]["cluster_m"]) == (64, 256, 1, 2)
+    tf32 = dtype == "float32" and not split
     for M in (16384, 2049, 2048, 1024):
-        expected = 1 if dtype == "float32" and M <= 2048 else 0
-        assert _C.gemm_config(dtype, M, 8192, 8192) == tile[expected]
-    if dtype == "float32":
+        expected = 1 if tf32 and M <= 2048 else 0
+        assert _C.gemm_config(dtype, M, 8192, 8192, -1, split) == tile[expected]
+    if tf32:
         assert (rows[1]["tile_m"], rows[1]["tile_n"], rows[1]["pingpong"], rows[1]["cluster_m"]) == (128, 256, 0, 1)

@@ -15,12 +15,23 @@ _C = pytest.importorskip("gemmbn._C", reason="the native extension is not built"
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("needs an sm90 (Hopper) GPU", allow_module_level=True)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The GEMM's operand types: name -> (dtype of x, W, y; split). "split" is the fp32-faithful GEMM:
+# float32 data, W through split_weight's scaled fp16 pairs, x split in the kernel.
+OPERANDS = {
+    "float32": (torch.float32, False),
+    "bfloat16": (torch.bfloat16, False),
+    "float16": (torch.float16, False),
+    "split": (torch.float32, True),
+}
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 # Relative Frobenius error of y = (x W^T + b) s against float64, K <= 4096:
 # TF32 rounds operands to 10 mantissa bits (unit roundoff 2^-11 ~ 4.9e-4) -> ~5e-4 typical;
 # bf16 operands and output have 8 bits (2^-8 ~ 3.9e-3); fp16 operands and output 11 bits.
-GEMM_TOL = {"float32": 2e-3, "bfloat16": 1.5e-2, "float16": 2e-3}
+# split: at least as good as cuBLAS's SGEMM, 1.1e-6 at K=4096 (shared/measurements.md): its operands
+# keep 22 bits (2^-22 per product, random in sign: ~1e-7 of a dot product, perf/split_accuracy_model.py)
+# and the tensor cores sum 32 columns at a time before an fp32 promotion; y itself is rounded to fp32.
+GEMM_TOL = {"float32": 2e-3, "bfloat16": 1.5e-2, "float16": 2e-3, "split": 1e-6}
 
 
 def _stream():
@@ -32,6 +43,19 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
+def _dtype(name):
+    return OPERANDS[name][0]
+
+
+def _split_operands(w):
+    """split_weight's output for w, poisoned first so an unwritten element shows."""
+    N, K = w.shape
+    weight_split = torch.full((N, _C.split_weight_columns(K)), float("nan"), device="cuda", dtype=torch.float16)
+    weight_unscale = torch.full((N,), float("nan"), device="cuda")
+    _C.split_weight(w, weight_split, weight_unscale, _stream())
+    return weight_split, weight_unscale
+
+
 def _problem(M, K, N, dtype, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.rand(M, K, device="cuda", generator=g).to(dtype)
@@ -41,15 +65,18 @@ def _problem(M, K, N, dtype, seed=0):
     return x, w, b, s
 
 
-def _gemm(x, w, b, s, dtype_name, stats=True, counter=None, config=-1, raster=-1, swizzle=-1):
+def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swizzle=-1, gain=None, shift=None):
+    """One gemm_scale_stats launch of the operand type `name`: (y, partial means, partial M2s, rows per partial)."""
     M, N, K = x.shape[0], w.shape[0], x.shape[1]
-    tile_m, _ = _C.gemm_config(dtype_name, M, N, K, config)
+    split = OPERANDS[name][1]
+    tile_m, _ = _C.gemm_config(DTYPE_NAMES[x.dtype], M, N, K, config, split)
     tiles = -(-M // tile_m)
     y = torch.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
     pm = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
     pm2 = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
-    _C.gemm_scale_stats(x, w, y, b, s, None, None, pm, pm2, counter, _stream(), config=config, raster=raster,
-                        swizzle=swizzle)
+    weight_split, weight_unscale = _split_operands(w) if split else (None, None)
+    _C.gemm_scale_stats(x, w, y, b, s, gain, shift, pm, pm2, counter, _stream(), config=config, raster=raster,
+                        swizzle=swizzle, weight_split=weight_split, weight_unscale=weight_unscale)
     return y, pm, pm2, tile_m
 
 
@@ -66,13 +93,13 @@ def _tile_moments(acc64, tile_m):
 SHAPES = [(1000, 512, 264), (2, 64, 64), (129, 256, 520), (300, 1024, 1032)]
 
 
-def _check_gemm_and_partials(x, w, b, s, dtype_name, **launch):
+def _check_gemm_and_partials(x, w, b, s, name, **launch):
     """One gemm_scale_stats launch (launch: config/raster/swizzle overrides) against float64."""
-    y, pm, pm2, tile_m = _gemm(x, w, b, s, dtype_name, **launch)
+    y, pm, pm2, tile_m = _gemm(x, w, b, s, name, **launch)
     torch.cuda.synchronize()
     y_ref = (x.double() @ w.double().T + b.double()) * s.double()
     assert not y.isnan().any(), "unwritten output elements"
-    assert _rel(y, y_ref) < GEMM_TOL[dtype_name]
+    assert _rel(y, y_ref) < GEMM_TOL[name]
     assert not pm.isnan().any() and not pm2.isnan().any(), "unwritten partials"
     # The partials describe y as stored: against float64 statistics of the kernel's own y, only the
     # reduction errs (fp32 per-thread two-pass moments and Chan merges over <= 128 rows: a few ulp).
@@ -81,23 +108,33 @@ def _check_gemm_and_partials(x, w, b, s, dtype_name, **launch):
     assert _rel(pm2, m2_ref) < 1e-5
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("name", list(OPERANDS))
 @pytest.mark.parametrize("M,K,N", SHAPES)
-def test_gemm_output_and_partials(dtype_name, M, K, N):
-    _check_gemm_and_partials(*_problem(M, K, N, DTYPES[dtype_name]), dtype_name)
+def test_gemm_output_and_partials(name, M, K, N):
+    _check_gemm_and_partials(*_problem(M, K, N, _dtype(name)), name)
+
+
+# K not a multiple of the split GEMM's 32-column k-tile (nor of 16): the last k-tile is part zeros.
+@pytest.mark.parametrize("M,K,N", [(1000, 100, 264), (130, 36, 132), (257, 4100, 128)])
+def test_split_gemm_ragged_k(M, K, N):
+    _check_gemm_and_partials(*_problem(M, K, N, torch.float32), "split")
 
 
 # Every row of every configuration table (select_config may pick any of them for some shape), under
 # the default and two other tile orders: M = 1000 has 7 full M-tiles and a ragged one, N = 264 a ragged
 # N-tile, so both reductions of the statistics node and the bounds of the stores are exercised.
-CONFIG_ROWS = [(name, row) for name in DTYPES for row in range(len(_C.gemm_configs(name)))]
+CONFIG_ROWS = [
+    (name, row)
+    for name, (dtype, split) in OPERANDS.items()
+    for row in range(len(_C.gemm_configs(DTYPE_NAMES[dtype], split)))
+]
 
 
-@pytest.mark.parametrize("dtype_name,row", CONFIG_ROWS)
+@pytest.mark.parametrize("name,row", CONFIG_ROWS)
 @pytest.mark.parametrize("raster,swizzle", [(-1, -1), (1, 2), (2, 8)])
-def test_every_configuration_row(dtype_name, row, raster, swizzle):
-    problem = _problem(1000, 512, 264, DTYPES[dtype_name], seed=row)
-    _check_gemm_and_partials(*problem, dtype_name, config=row, raster=raster, swizzle=swizzle)
+def test_every_configuration_row(name, row, raster, swizzle):
+    problem = _problem(1000, 512, 264, _dtype(name), seed=row)
+    _check_gemm_and_partials(*problem, name, config=row, raster=raster, swizzle=swizzle)
 
 
 def test_configuration_overrides_are_checked():
@@ -109,28 +146,28 @@ def test_configuration_overrides_are_checked():
             _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), **kwargs)
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_partials_survive_a_large_mean(dtype_name):
+@pytest.mark.parametrize("name", list(OPERANDS))
+def test_partials_survive_a_large_mean(name):
     # Every row is ~1.03 + a small variation, so each column's mean is ~100x its std: a raw fp32
     # sum-of-squares formula would lose ~1e-3 of the variance; the shifted, Chan-merged reduction keeps
     # it to a few ulp of the statistics of y as stored.
-    dtype = DTYPES[dtype_name]
+    dtype = _dtype(name)
     M, K, N = 512, 256, 256
     g = torch.Generator(device="cuda").manual_seed(5)
     x = (1 + torch.randint(0, 8, (M, K), device="cuda", generator=g) / 128).to(dtype)
     w = (torch.randint(-8, 9, (N, K), device="cuda", generator=g) / 64).to(dtype)
     b, s = torch.zeros(N, device="cuda", dtype=dtype) + 0.25, torch.ones(N, device="cuda", dtype=dtype)
-    y, pm, pm2, tile_m = _gemm(x, w, b, s, dtype_name)
+    y, pm, pm2, tile_m = _gemm(x, w, b, s, name)
     mean_ref, m2_ref = _tile_moments(y.double(), tile_m)
     assert (mean_ref.abs() / (m2_ref / tile_m).sqrt()).median() > 20, "the test needs mean >> std"
     assert _rel(pm, mean_ref) < 1e-6
     assert _rel(pm2, m2_ref) < 1e-5
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
+@pytest.mark.parametrize("name", list(OPERANDS))
 @pytest.mark.parametrize("momentum", [0.1, None])
-def test_training_pipeline(dtype_name, momentum):
-    dtype = DTYPES[dtype_name]
+def test_training_pipeline(name, momentum):
+    dtype = _dtype(name)
     M, K, N = 1000, 512, 264
     x, w, b, s = _problem(M, K, N, dtype, seed=1)
     gamma = (torch.rand(N, device="cuda") + 0.5).to(dtype)
@@ -139,7 +176,7 @@ def test_training_pipeline(dtype_name, momentum):
     running_var = (torch.rand(N, device="cuda") + 0.5).to(dtype)
     rm0, rv0 = running_mean.double().clone(), running_var.double().clone()
     counter = torch.tensor([4], device="cuda", dtype=torch.int64)
-    y, pm, pm2, tile_m = _gemm(x, w, b, s, dtype_name, counter=counter)
+    y, pm, pm2, tile_m = _gemm(x, w, b, s, name, counter=counter)
     out = torch.full_like(y, float("nan"))
     save_mean = torch.full((N,), float("nan"), device="cuda")
     save_invstd = torch.full((N,), float("nan"), device="cuda")
@@ -155,7 +192,7 @@ def test_training_pipeline(dtype_name, momentum):
     out64 = (y64 - mean64) / torch.sqrt(var64 + 1e-5) * gamma.double() + beta.double()
     assert not out.isnan().any()
     # Statistics exact to a few fp32 ulp; the output is rounded once to dtype (2^-9 bf16, 2^-12 fp16).
-    out_tol = {"float32": 1e-5, "bfloat16": 4e-3, "float16": 5e-4}[dtype_name]
+    out_tol = {torch.float32: 1e-5, torch.bfloat16: 4e-3, torch.float16: 5e-4}[dtype]
     assert _rel(out, out64) < out_tol
     assert _rel(save_mean, mean64) < 1e-5
     assert _rel(save_invstd, 1 / torch.sqrt(var64 + 1e-5)) < 1e-5
@@ -163,24 +200,23 @@ def test_training_pipeline(dtype_name, momentum):
     rm_ref = (1 - f) * rm0 + f * mean64
     rv_ref = (1 - f) * rv0 + f * var64 * M / (M - 1)
     # Running statistics are stored in dtype: its rounding bounds the error.
-    stat_tol = {"float32": 1e-5, "bfloat16": 4e-3, "float16": 5e-4}[dtype_name]
+    stat_tol = {torch.float32: 1e-5, torch.bfloat16: 4e-3, torch.float16: 5e-4}[dtype]
     assert _rel(running_mean, rm_ref) < stat_tol
     assert _rel(running_var, rv_ref) < stat_tol
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_deterministic(dtype_name):
-    dtype = DTYPES[dtype_name]
-    x, w, b, s = _problem(1000, 512, 264, dtype, seed=2)
-    first = _gemm(x, w, b, s, dtype_name)
-    second = _gemm(x, w, b, s, dtype_name)
+@pytest.mark.parametrize("name", list(OPERANDS))
+def test_deterministic(name):
+    x, w, b, s = _problem(1000, 512, 264, _dtype(name), seed=2)
+    first = _gemm(x, w, b, s, name)
+    second = _gemm(x, w, b, s, name)
     for a, c in zip(first[:3], second[:3]):
         assert torch.equal(a, c)
 
 
-@pytest.mark.parametrize("dtype_name", list(DTYPES))
-def test_eval_folded_affine(dtype_name):
-    dtype = DTYPES[dtype_name]
+@pytest.mark.parametrize("name", list(OPERANDS))
+def test_eval_folded_affine(name):
+    dtype = _dtype(name)
     M, K, N = 333, 256, 264
     x, w, b, s = _problem(M, K, N, dtype, seed=3)
     gamma = (torch.rand(N, device="cuda") + 0.5).to(dtype)
@@ -190,31 +226,11 @@ def test_eval_folded_affine(dtype_name):
     gain = torch.full((N,), float("nan"), device="cuda")
     shift = torch.full((N,), float("nan"), device="cuda")
     _C.fold_eval_affine(gamma, beta, rm, rv, 1e-5, gain, shift, _stream())
-    out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
-    _C.gemm_scale_stats(x, w, out, b, s, gain, shift, None, None, None, _stream())
+    out, _, _, _ = _gemm(x, w, b, s, name, stats=False, gain=gain, shift=shift)
     y64 = (x.double() @ w.double().T + b.double()) * s.double()
     out64 = (y64 - rm.double()) / torch.sqrt(rv.double() + 1e-5) * gamma.double() + beta.double()
     assert not out.isnan().any()
-    assert _rel(out, out64) < GEMM_TOL[dtype_name] * 2
-
-
-def test_bias_scale_moments_matches_fp64():
-    M, N = 1000, 260
-    acc = torch.randn(M, N, device="cuda") * 3 + 50  # mean >> std on purpose
-    b, s = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
-    tiles = -(-M // 128)
-    pm = torch.full((tiles, N), float("nan"), device="cuda")
-    pm2 = torch.full((tiles, N), float("nan"), device="cuda")
-    y = torch.full_like(acc, float("nan"))
-    counter = torch.zeros(1, device="cuda", dtype=torch.int64)
-    _C.bias_scale_moments(acc, y, b, s, pm, pm2, counter, 128, _stream())
-    y_ref = (acc.double() + b.double()) * s.double()
-    mean_ref, m2_ref = _tile_moments(y.double(), 128)
-    # fp32 sums of <= 16 shifted values per thread: a few ulp.
-    assert _rel(y, y_ref) < 1e-6
-    assert _rel(pm, mean_ref) < 1e-6
-    assert _rel(pm2, m2_ref) < 1e-5
-    assert counter.item() == 1
+    assert _rel(out, out64) < GEMM_TOL[name] * 2
 
 
 def test_bad_arguments_raise_and_launch_nothing():
@@ -227,5 +243,113 @@ def test_bad_arguments_raise_and_launch_nothing():
     with pytest.raises(ValueError, match="multiple of 16 bytes"):
         x2 = torch.rand(64, 66, device="cuda")
         _C.gemm_scale_stats(x2, torch.rand(64, 66, device="cuda"), y, b, s, None, None, None, None, None, _stream())
+    torch.cuda.synchronize()
+    assert y.isnan().all(), "a rejected call must not write"
+
+
+# --- the fp32-faithful split GEMM ---------------------------------------------------------------
+
+
+def _slice_column(p):
+    """kernels/include/gemmbn/f16_split.cuh's column order within a 16-column slice."""
+    return 4 * ((p % 8) // 2) + 2 * (p // 8) + p % 2
+
+
+def _split_weight_reference(w):
+    """split_weight's definition in torch: per-row power-of-two scale, fp16 hi/lo, the kernel's column order."""
+    N, K = w.shape
+    biased = (w.abs().amax(1).view(torch.int32) >> 23) & 0xFF
+    biased = biased.clamp(15, 254)
+    scale = ((268 - biased) << 23).view(torch.float32)  # 2^(141 - E): row max in [2^14, 2^15)
+    unscale = ((biased - 14) << 23).view(torch.float32)
+    scaled = w * scale[:, None]
+    hi = scaled.half()
+    lo = (scaled - hi.float()).half()
+    tiles = -(-K // 32)
+    order = torch.tensor([_slice_column(p) for p in range(16)], device=w.device)
+
+    def arrange(part):
+        padded = torch.zeros(N, tiles * 32, dtype=part.dtype, device=part.device)
+        padded[:, :K] = part
+        return padded.view(N, tiles, 2, 16)[..., order].reshape(N, tiles, 32)
+
+    return torch.cat([arrange(hi), arrange(lo)], dim=-1).reshape(N, tiles * 64), unscale
+
+
+def test_split_weight_matches_its_definition():
+    # Rows of wildly different magnitudes (each row gets its own scale), a zero row, K % 32 != 0.
+    g = torch.Generator(device="cuda").manual_seed(7)
+    N, K = 70, 100
+    magnitude = 10.0 ** torch.randint(-35, 36, (N, 1), device="cuda", generator=g).float()
+    w = torch.randn(N, K, device="cuda", generator=g) * magnitude
+    w[3] = 0
+    weight_split, weight_unscale = _split_operands(w)
+    expected_split, expected_unscale = _split_weight_reference(w)
+    torch.cuda.synchronize()
+    assert torch.equal(weight_split.view(torch.int16), expected_split.view(torch.int16))
+    assert torch.equal(weight_unscale, expected_unscale)
+    # And the pair represents the row: (hi + lo) 2^-b = W to 2^-22 relative (fp16's 11 bits, twice).
+    parts = weight_split.float().view(N, -1, 2, 32)
+    inverse = torch.tensor([_slice_column(p) + 16 * (p // 16) for p in range(32)], device="cuda").argsort()
+    rebuilt = ((parts[:, :, 0] + parts[:, :, 1])[..., inverse]).reshape(N, -1)[:, :K] * weight_unscale[:, None]
+    assert ((rebuilt.double() - w.double()).abs() <= 2**-21 * w.abs().amax(1, keepdim=True).double()).all()
+
+
+def _hard_inputs(kind, M, K, g):
+    if kind == "log-uniform 1e-3..1e3":  # each value's own exponent, random signs
+        x = torch.exp(torch.empty(M, K, device="cuda").uniform_(math.log(1e-3), math.log(1e3), generator=g))
+        return x * (torch.randint(0, 2, (M, K), device="cuda", generator=g) * 2 - 1)
+    if kind == "mean 100, std 1":  # every column of y has |mean| >> std
+        return 100 + torch.randn(M, K, device="cuda", generator=g)
+    if kind == "rows 1e-30..1e30":  # each row its own magnitude, far outside fp16's range
+        rows = 10.0 ** torch.empty(M, 1, device="cuda").uniform_(-30, 30, generator=g)
+        return torch.rand(M, K, device="cuda", generator=g) * rows
+    raise ValueError(kind)
+
+
+HARD_KINDS = ["log-uniform 1e-3..1e3", "mean 100, std 1", "rows 1e-30..1e30"]
+
+
+def _row_relative_error(y, y64):
+    """Per-row ||dy|| / ||y64||, the worst row: rows of very different sizes must each be exact."""
+    return ((y.double() - y64).norm(dim=1) / y64.norm(dim=1)).max().item()
+
+
+@pytest.mark.parametrize("kind", HARD_KINDS)
+@pytest.mark.parametrize("K", [4096, 8192])
+def test_split_gemm_is_as_accurate_as_sgemm_on_hard_inputs(kind, K):
+    """x @ W^T by the split GEMM within 2x cuBLAS SGEMM's error on the same inputs (it should be ~10x better)."""
+    g = torch.Generator(device="cuda").manual_seed(11)
+    M, N = 1024, 512
+    x = _hard_inputs(kind, M, K, g)
+    w = (torch.rand(N, K, device="cuda", generator=g) * 2 - 1) / math.sqrt(K)
+    y, _, _, _ = _gemm(x, w, None, None, "split", stats=False)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        sgemm = x @ w.T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    y64 = x.double() @ w.double().T
+    assert torch.isfinite(y).all()
+    ours, cublas = _row_relative_error(y, y64), _row_relative_error(sgemm, y64)
+    assert ours <= 2 * cublas, f"split {ours:.2e} vs SGEMM {cublas:.2e}"
+
+
+def test_split_arguments_are_checked():
+    x, w, b, s = _problem(64, 64, 64, torch.float32)
+    y = torch.full((64, 64), float("nan"), device="cuda")
+    weight_split, weight_unscale = _split_operands(w)
+    with pytest.raises(ValueError, match="go together"):
+        _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), weight_split=weight_split)
+    with pytest.raises(ValueError, match="weight_split must have shape"):
+        _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(),
+                            weight_split=weight_split[:, :64].contiguous(), weight_unscale=weight_unscale)
+    with pytest.raises(ValueError, match="float32"):
+        xh, wh, yh = x.half(), w.half(), y.half()
+        _C.gemm_scale_stats(xh, wh, yh, b.half(), s.half(), None, None, None, None, None, _stream(),
+                            weight_split=weight_split, weight_unscale=weight_unscale)
+    with pytest.raises(ValueError, match="weight_split must be float16"):
+        _C.split_weight(w, weight_split.float(), weight_unscale, _stream())
     torch.cuda.synchronize()
     assert y.isnan().all(), "a rejected call must not write"

@@ -16,7 +16,7 @@ def _restore_global_precision():
 @pytest.mark.parametrize(
     ("dtype", "requested", "expected"),
     [
-        (torch.float32, "highest", precision.IEEE_FP32),
+        (torch.float32, "highest", precision.SPLIT_FP32),
         (torch.float32, "high", precision.TF32),
         (torch.float32, "medium", precision.TF32),  # no bf16-internal kernel: PyTorch's rule says "as high"
         (torch.bfloat16, "highest", precision.NATIVE_16BIT),
@@ -32,7 +32,7 @@ def test_none_follows_torch(global_setting):
     torch.set_float32_matmul_precision(global_setting)
     assert precision.normalize(None) == global_setting
     assert precision.normalize(precision.validate(None)) == global_setting
-    expected = precision.IEEE_FP32 if global_setting == "highest" else precision.TF32
+    expected = precision.SPLIT_FP32 if global_setting == "highest" else precision.TF32
     assert precision.resolve(torch.float32, None) == expected
 
 

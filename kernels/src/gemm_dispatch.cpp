@@ -16,28 +16,29 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 }  // namespace
 
 #ifndef GEMMBN_TF32_ROWS
-#error "CMake defines GEMMBN_TF32_ROWS and GEMMBN_HALF_ROWS (rows compiled per table)"
+#error "CMake defines GEMMBN_TF32_ROWS, GEMMBN_HALF_ROWS and GEMMBN_SPLIT_ROWS (rows compiled per table)"
 #endif
-static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfConfigCount,
+static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfConfigCount &&
+                  GEMMBN_SPLIT_ROWS == kSplitConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
 // Row by shape from the sweeps quoted in configs.h: TF32 problems with few rows take the cooperative
 // 128x256 tile (measured at M = 1024 and 2048 against 16384), everything else row 0.
-int select_config(DType dtype, int M, int N, int K) {
+int select_config(GemmOperands operands, int M, int N, int K) {
   (void)N, (void)K;
   constexpr int kShortM = 2048;
   constexpr int kDefaultRow = 0, kTf32ShortMRow = 1;
-  return dtype == DType::f32 && M <= kShortM ? kTf32ShortMRow : kDefaultRow;
+  return operands == GemmOperands::tf32 && M <= kShortM ? kTf32ShortMRow : kDefaultRow;
 }
 
-int gemm_config_count(DType dtype) { return config_count(dtype); }
+int gemm_config_count(GemmOperands operands) { return config_count(operands); }
 
-bool gemm_config_row(DType dtype, int config, int M, int N, int K, int out[kConfigFields]) {
-  if (config < 0) config = select_config(dtype, M, N, K);
-  if (config >= config_count(dtype)) return false;
-  const TileConfig& c = config_at(dtype, config);
-  const int row[kConfigFields] = {c.tile_m,     c.tile_n,   c.tile_k, c.cluster_m, c.cluster_n,
-                                  c.epilogue_n, c.pingpong, c.raster, c.swizzle};
+bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields]) {
+  if (config < 0) config = select_config(operands, M, N, K);
+  if (config < 0 || config >= config_count(operands)) return false;
+  const TileConfig& c = config_at(operands, config);
+  const int row[kConfigFields] = {c.tile_m,     c.tile_n,   c.tile_k,  c.cluster_m, c.cluster_n,
+                                  c.epilogue_n, c.pingpong, c.raster, c.swizzle,   partial_rows(c)};
   for (int i = 0; i < kConfigFields; ++i) out[i] = row[i];
   return true;
 }
@@ -45,16 +46,16 @@ bool gemm_config_row(DType dtype, int config, int M, int N, int K, int out[kConf
 namespace {
 
 // A runtime row index to its instantiation (each row's runner lives in its own translation unit).
-template <DType Type, int... Rows>
+template <GemmOperands Operands, int... Rows>
 Status run_row(int row, GemmScaleStatsArgs const& args, cudaStream_t stream, std::integer_sequence<int, Rows...>) {
   using Runner = Status (*)(GemmScaleStatsArgs const&, cudaStream_t);
-  static constexpr Runner runners[] = {&detail::GemmRunner<Type, Rows>::run...};
+  static constexpr Runner runners[] = {&detail::GemmRunner<Operands, Rows>::run...};
   return runners[row](args, stream);
 }
 
-template <DType Type>
+template <GemmOperands Operands>
 Status run_row(int row, GemmScaleStatsArgs const& args, cudaStream_t stream) {
-  return run_row<Type>(row, args, stream, std::make_integer_sequence<int, config_count(Type)>{});
+  return run_row<Operands>(row, args, stream, std::make_integer_sequence<int, config_count(Operands)>{});
 }
 
 }  // namespace
@@ -64,26 +65,33 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   const int vector = 16 / dtype_size(args.dtype);
   if (args.K % vector != 0) return Status::invalid("K must be a multiple of 16 bytes of the dtype (TMA rows)");
   if (args.N % vector != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype (TMA rows)");
-  if (!args.x || !args.weight || !args.y) return Status::invalid("x, weight and y must not be null");
-  for (const void* p : {args.x, args.weight, static_cast<const void*>(args.y), args.bias, args.scale,
-                        static_cast<const void*>(args.gain), static_cast<const void*>(args.shift)}) {
+  const GemmOperands operands = gemm_operands(args);
+  const bool split = operands == GemmOperands::f32_split;
+  if ((args.weight_split == nullptr) != (args.weight_unscale == nullptr)) {
+    return Status::invalid("weight_split and weight_unscale go together");
+  }
+  if (args.weight_split && args.dtype != DType::f32) return Status::invalid("the split GEMM takes float32 x");
+  if (!args.x || !(split || args.weight) || !args.y) return Status::invalid("x, weight and y must not be null");
+  for (const void* p : {args.x, args.weight, args.weight_split, static_cast<const void*>(args.y), args.bias,
+                        args.scale, static_cast<const void*>(args.gain), static_cast<const void*>(args.shift)}) {
     if (p && !aligned16(p)) return Status::invalid("every array must start on a 16-byte boundary");
   }
   if ((args.partial_mean == nullptr) != (args.partial_m2 == nullptr)) {
     return Status::invalid("partial_mean and partial_m2 go together");
   }
-  if (args.config >= config_count(args.dtype)) return Status::invalid("config is not a row of the dtype's table");
+  if (args.config >= config_count(operands)) return Status::invalid("config is not a row of the operands' table");
   if (args.raster > 2) return Status::invalid("raster must be 0 (heuristic), 1 (along M) or 2 (along N)");
   if (args.swizzle > 0 && (args.swizzle > 8 || (args.swizzle & (args.swizzle - 1)) != 0)) {
     return Status::invalid("swizzle must be 1, 2, 4 or 8");
   }
-  const int row = args.config >= 0 ? args.config : select_config(args.dtype, args.M, args.N, args.K);
-  switch (args.dtype) {
-    case DType::f32: return run_row<DType::f32>(row, args, stream);
-    case DType::bf16: return run_row<DType::bf16>(row, args, stream);
-    case DType::f16: return run_row<DType::f16>(row, args, stream);
+  const int row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K);
+  switch (operands) {
+    case GemmOperands::tf32: return run_row<GemmOperands::tf32>(row, args, stream);
+    case GemmOperands::bf16: return run_row<GemmOperands::bf16>(row, args, stream);
+    case GemmOperands::f16: return run_row<GemmOperands::f16>(row, args, stream);
+    case GemmOperands::f32_split: return run_row<GemmOperands::f32_split>(row, args, stream);
   }
-  return Status::invalid("unknown dtype");
+  return Status::invalid("unknown operand types");
 }
 
 cudaError_t current_device_info(int& device, int& sm_count) {

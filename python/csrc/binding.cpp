@@ -45,6 +45,15 @@ DType parse_dtype(const std::string& name) {
   fail("dtype must be 'float32', 'bfloat16' or 'float16', got '" + name + "'");
 }
 
+// The operand types of a (dtype, split) pair: split is the fp32-faithful GEMM, float32 only.
+gemmbn::GemmOperands parse_operands(const std::string& dtype, bool split) {
+  const DType t = parse_dtype(dtype);
+  if (split && t != DType::f32) fail("the split GEMM takes float32, got '" + dtype + "'");
+  if (split) return gemmbn::GemmOperands::f32_split;
+  return t == DType::f32 ? gemmbn::GemmOperands::tf32 : t == DType::bf16 ? gemmbn::GemmOperands::bf16
+                                                                         : gemmbn::GemmOperands::f16;
+}
+
 const char* dtype_string(DType t) { return t == DType::f32 ? "float32" : t == DType::bf16 ? "bfloat16" : "float16"; }
 
 DType dtype_of(const Array& a, const char* name) {
@@ -135,40 +144,65 @@ NB_MODULE(_C, m) {
     return {bool(s), s.message};
   }, nb::arg("device"), "(True, '') where the fused kernels run on this CUDA device, else (False, reason).");
 
-  m.def("gemm_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, int config) -> std::pair<int, int> {
+  m.def("gemm_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, int config,
+                          bool split) -> std::pair<int, int> {
     int row[gemmbn::kConfigFields];
-    if (!gemmbn::gemm_config_row(parse_dtype(dtype), config, checked_int(M, "M"), checked_int(N, "N"),
+    if (!gemmbn::gemm_config_row(parse_operands(dtype, split), config, checked_int(M, "M"), checked_int(N, "N"),
                                  checked_int(K, "K"), row)) {
-      fail("config is not a row of the dtype's configuration table");
+      fail("config is not a row of the configuration table");
     }
-    return {row[0], row[1]};
-  }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("config") = -1,
-     "(tile_m, tile_n) of the GEMM configuration row used for this problem (config < 0: the one chosen for "
-     "it); tile_m rows per statistics partial.");
+    return {row[gemmbn::kConfigFields - 1], row[1]};
+  }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("config") = -1, nb::arg("split") = false,
+     "(partial_rows, tile_n) of the GEMM configuration row used for this problem (config < 0: the one chosen "
+     "for it); partial_rows rows per statistics partial. split: the fp32-faithful GEMM's table.");
 
-  m.def("gemm_configs", [](const std::string& dtype) {
-    DType t = parse_dtype(dtype);
+  m.def("gemm_configs", [](const std::string& dtype, bool split) {
+    const gemmbn::GemmOperands operands = parse_operands(dtype, split);
     std::vector<std::map<std::string, int>> rows;
     static const char* names[gemmbn::kConfigFields] = {"tile_m",     "tile_n",   "tile_k", "cluster_m", "cluster_n",
-                                                       "epilogue_n", "pingpong", "raster", "swizzle"};
-    for (int i = 0; i < gemmbn::gemm_config_count(t); ++i) {
+                                                       "epilogue_n", "pingpong", "raster", "swizzle",   "partial_rows"};
+    for (int i = 0; i < gemmbn::gemm_config_count(operands); ++i) {
       int row[gemmbn::kConfigFields];
-      gemmbn::gemm_config_row(t, i, 1, 1, 1, row);
+      gemmbn::gemm_config_row(operands, i, 1, 1, 1, row);
       std::map<std::string, int> named;
       for (int j = 0; j < gemmbn::kConfigFields; ++j) named[names[j]] = row[j];
       rows.push_back(named);
     }
     return rows;
-  }, nb::arg("dtype"), "The dtype's GEMM configuration table (configs.h), one dict per row.");
+  }, nb::arg("dtype"), nb::arg("split") = false,
+     "The GEMM configuration table (configs.h) of dtype (split: the fp32-faithful GEMM's), one dict per row.");
+
+  m.def("split_weight_columns", [](int64_t K) { return gemmbn::split_weight_columns(checked_int(K, "K")); },
+        nb::arg("K"), "Columns of split_weight's output for K input features.");
+
+  m.def("split_weight",
+        [](Array weight, Array weight_split, Array weight_unscale, std::uintptr_t stream) {
+          if (weight.ndim() != 2) fail("weight must be 2-D");
+          gemmbn::SplitWeightArgs a;
+          a.N = checked_int(weight.shape(0), "N");
+          a.K = checked_int(weight.shape(1), "K");
+          check(weight, "weight", {a.N, a.K}, "float32");
+          check(weight_split, "weight_split", {a.N, gemmbn::split_weight_columns(a.K)}, "float16");
+          check(weight_unscale, "weight_unscale", {a.N}, "float32");
+          a.weight = static_cast<const float*>(weight.data());
+          a.weight_split = weight_split.data();
+          a.weight_unscale = static_cast<float*>(weight_unscale.data());
+          raise_on_error(gemmbn::split_weight(a, as_stream(stream)));
+        },
+        nb::arg("weight"), nb::arg("weight_split"), nb::arg("weight_unscale"), nb::arg("stream"),
+        "weight (float32 [N, K]) -> the split GEMM's operand: weight_split (float16 [N, split_weight_columns(K)])\n"
+        "and weight_unscale (float32 [N], the power of two undoing each row's scale).");
 
   m.def("gemm_scale_stats",
         [](Array x, Array weight, Array y, OptionalArray bias, OptionalArray scale, OptionalArray gain,
            OptionalArray shift, OptionalArray partial_mean, OptionalArray partial_m2,
-           OptionalArray batches_tracked, std::uintptr_t stream, int config, int raster, int swizzle) {
+           OptionalArray batches_tracked, std::uintptr_t stream, int config, int raster, int swizzle,
+           OptionalArray weight_split, OptionalArray weight_unscale) {
           if (x.ndim() != 2 || weight.ndim() != 2) fail("x and weight must be 2-D");
           gemmbn::GemmScaleStatsArgs a;
           a.config = config, a.raster = raster, a.swizzle = swizzle;
           a.dtype = dtype_of(x, "x");
+          if (weight_split.has_value() != weight_unscale.has_value()) fail("weight_split and weight_unscale go together");
           const std::string dt = dtype_string(a.dtype);
           a.M = checked_int(x.shape(0), "M");
           a.K = checked_int(x.shape(1), "K");
@@ -177,6 +211,13 @@ NB_MODULE(_C, m) {
           check(weight, "weight", {a.N, a.K}, dt);
           check(y, "y", {a.M, a.N}, dt);
           a.x = x.data(), a.weight = weight.data(), a.y = y.data();
+          if (weight_split) {
+            if (a.dtype != DType::f32) fail("weight_split (the fp32-faithful GEMM) needs float32 x");
+            check(*weight_split, "weight_split", {a.N, gemmbn::split_weight_columns(a.K)}, "float16");
+            check(*weight_unscale, "weight_unscale", {a.N}, "float32");
+            a.weight_split = weight_split->data();
+            a.weight_unscale = static_cast<const float*>(weight_unscale->data());
+          }
           a.bias = optional_vector(bias, "bias", a.N, dt);
           a.scale = optional_vector(scale, "scale", a.N, dt);
           a.gain = static_cast<const float*>(optional_vector(gain, "gain", a.N, "float32"));
@@ -184,10 +225,10 @@ NB_MODULE(_C, m) {
           if (partial_mean.has_value() != partial_m2.has_value()) fail("partial_mean and partial_m2 go together");
           if (partial_mean) {
             int row[gemmbn::kConfigFields];
-            if (!gemmbn::gemm_config_row(a.dtype, config, a.M, a.N, a.K, row)) {
-              fail("config is not a row of the dtype's configuration table");
+            if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(a), config, a.M, a.N, a.K, row)) {
+              fail("config is not a row of the configuration table");
             }
-            const int64_t tile_rows = row[0];
+            const int64_t tile_rows = row[gemmbn::kConfigFields - 1];
             const int64_t tiles = (a.M + tile_rows - 1) / tile_rows;
             check(*partial_mean, "partial_mean", {tiles, a.N}, "float32");
             check(*partial_m2, "partial_m2", {tiles, a.N}, "float32");
@@ -201,35 +242,10 @@ NB_MODULE(_C, m) {
         nb::arg("gain").none(), nb::arg("shift").none(), nb::arg("partial_mean").none(),
         nb::arg("partial_m2").none(), nb::arg("batches_tracked").none(), nb::arg("stream"), nb::kw_only(),
         nb::arg("config") = -1, nb::arg("raster") = -1, nb::arg("swizzle") = -1,
+        nb::arg("weight_split").none() = nb::none(), nb::arg("weight_unscale").none() = nb::none(),
         "y = ((x @ weight^T + bias) * scale) * gain + shift, with per-tile column mean/M2 of y as stored.\n"
-        "config/raster/swizzle override the configuration row and the tile order (tuning; -1: the defaults).");
-
-  m.def("bias_scale_moments",
-        [](Array acc, Array y, OptionalArray bias, OptionalArray scale, Array partial_mean, Array partial_m2,
-           OptionalArray batches_tracked, int tile_rows, std::uintptr_t stream) {
-          if (acc.ndim() != 2) fail("acc must be 2-D");
-          gemmbn::BiasScaleMomentsArgs a;
-          a.M = checked_int(acc.shape(0), "M");
-          a.N = checked_int(acc.shape(1), "N");
-          if (tile_rows < 1) fail("tile_rows must be positive");
-          a.tile_rows = tile_rows;
-          const int64_t tiles = (int64_t(a.M) + tile_rows - 1) / tile_rows;
-          check(acc, "acc", {a.M, a.N}, "float32");
-          check(y, "y", {a.M, a.N}, "float32");
-          check(partial_mean, "partial_mean", {tiles, a.N}, "float32");
-          check(partial_m2, "partial_m2", {tiles, a.N}, "float32");
-          a.acc = static_cast<const float*>(acc.data());
-          a.y = static_cast<float*>(y.data());
-          a.bias = static_cast<const float*>(optional_vector(bias, "bias", a.N, "float32"));
-          a.scale = static_cast<const float*>(optional_vector(scale, "scale", a.N, "float32"));
-          a.partial_mean = static_cast<float*>(partial_mean.data());
-          a.partial_m2 = static_cast<float*>(partial_m2.data());
-          a.batches_tracked = optional_counter(batches_tracked);
-          raise_on_error(gemmbn::bias_scale_moments(a, as_stream(stream)));
-        },
-        nb::arg("acc"), nb::arg("y"), nb::arg("bias").none(), nb::arg("scale").none(), nb::arg("partial_mean"),
-        nb::arg("partial_m2"), nb::arg("batches_tracked").none(), nb::arg("tile_rows"), nb::arg("stream"),
-        "y = (acc + bias) * scale (float32), with per-tile column mean/M2 of y.");
+        "config/raster/swizzle override the configuration row and the tile order (tuning; -1: the defaults).\n"
+        "weight_split/weight_unscale (split_weight's output for weight): the fp32-faithful GEMM for float32 x.");
 
   m.def("finish_normalize",
         [](Array y, Array out, Array partial_mean, Array partial_m2, int tile_rows, OptionalArray gamma,

@@ -19,10 +19,10 @@ from torch.autograd.graph import increment_version
 from torch.utils.dlpack import to_dlpack
 
 from . import precision as precision_mod
+from . import weight_cache
 from ._native import extension
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-_MOMENTS_TILE_ROWS = 128  # rows per statistics partial on the IEEE fp32 path (bias_scale_moments)
 
 
 def _dl(t: Tensor | None):
@@ -38,10 +38,12 @@ def _on_device(x: Tensor) -> Iterator[int]:
         yield torch.cuda.current_stream(x.device).cuda_stream
 
 
-def _ieee_matmul(x: Tensor, weight: Tensor, out: Tensor) -> None:
-    """out = x @ W^T in true fp32 (cuBLAS SGEMM), whatever the global TF32 setting."""
-    with precision_mod.float32_matmul_precision("highest"):  # detached: out= refuses operands that need grad
-        torch.mm(x.detach(), weight.detach().t(), out=out)
+def _split_operands(weight: Tensor, gemm_kind: str, stream: int) -> dict:
+    """The GEMM's extra keyword arguments: the split weight for the fp32-faithful kernel, else none."""
+    if gemm_kind != precision_mod.SPLIT_FP32:
+        return {}
+    weight_split, weight_unscale = weight_cache.split_weight(weight, stream)
+    return {"weight_split": _dl(weight_split), "weight_unscale": _dl(weight_unscale)}
 
 
 def train_forward(
@@ -70,12 +72,10 @@ def train_forward(
     y = x.new_empty((M, N))
     save_mean = torch.empty(N, dtype=torch.float32, device=x.device)
     save_invstd = torch.empty_like(save_mean)
+    split = gemm_kind == precision_mod.SPLIT_FP32
     with _on_device(x) as stream:
-        if gemm_kind == precision_mod.IEEE_FP32:
-            tile_rows = _MOMENTS_TILE_ROWS
-        else:
-            tile_rows, _ = _C.gemm_config(_DTYPE_NAMES[x.dtype], M, N, K)
-        # Per (M-tile, column) mean and M2 of y as stored.
+        tile_rows, _ = _C.gemm_config(_DTYPE_NAMES[x.dtype], M, N, K, split=split)
+        # Per (row block, column) mean and M2 of y as stored.
         partial_means = torch.empty((-(-M // tile_rows), N), dtype=torch.float32, device=x.device)
         partial_m2s = torch.empty_like(partial_means)
         # Normalize in place unless y itself is kept for the backward pass.
@@ -83,13 +83,10 @@ def train_forward(
         y_, batches_ = _dl(y), _dl(num_batches_tracked)
         means_, m2s_ = _dl(partial_means), _dl(partial_m2s)
         # The launch below increments num_batches_tracked (when given) on the device.
-        if gemm_kind == precision_mod.IEEE_FP32:
-            _ieee_matmul(x, weight, y)
-            _C.bias_scale_moments(y_, _dl(y), _dl(bias), _dl(scale), means_, m2s_, batches_, tile_rows, stream)
-        else:
-            _C.gemm_scale_stats(
-                _dl(x), _dl(weight), y_, _dl(bias), _dl(scale), None, None, means_, m2s_, batches_, stream
-            )
+        _C.gemm_scale_stats(
+            _dl(x), _dl(weight), y_, _dl(bias), _dl(scale), None, None, means_, m2s_, batches_, stream,
+            **_split_operands(weight, gemm_kind, stream),
+        )
         # A capsule is consumed by the call that takes it: fresh ones for the second launch.
         _C.finish_normalize(
             _dl(y), _dl(out), _dl(partial_means), _dl(partial_m2s), tile_rows, _dl(gamma), _dl(beta),
@@ -124,14 +121,8 @@ def eval_forward(
         _C.fold_eval_affine(
             _dl(gamma), _dl(beta), _dl(running_mean), _dl(running_var), eps, _dl(gain), _dl(shift), stream
         )
-        if gemm_kind == precision_mod.IEEE_FP32:
-            # acc in true fp32, then one elementwise pass: out = acc * (s gain) + (b s gain + shift).
-            _ieee_matmul(x, weight, out)
-            column_gain = scale.detach() * gain
-            column_shift = shift if bias is None else torch.addcmul(shift, bias.detach(), column_gain)
-            torch.addcmul(column_shift, out, column_gain, out=out)
-        else:
-            _C.gemm_scale_stats(
-                _dl(x), _dl(weight), _dl(out), _dl(bias), _dl(scale), _dl(gain), _dl(shift), None, None, None, stream
-            )
+        _C.gemm_scale_stats(
+            _dl(x), _dl(weight), _dl(out), _dl(bias), _dl(scale), _dl(gain), _dl(shift), None, None, None, stream,
+            **_split_operands(weight, gemm_kind, stream),
+        )
     return out

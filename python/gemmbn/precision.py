@@ -1,11 +1,11 @@
 """Which GEMM a call runs, following PyTorch's float32 matmul precision switch.
 
-| dtype      | precision  | GEMM                                                                 |
-|------------|------------|----------------------------------------------------------------------|
-| float32    | "highest"  | IEEE fp32 (torch.mm), then gemmbn's statistics + normalize kernels  |
-| float32    | "high"     | fused kernel, TF32 tensor cores                                      |
-| float32    | "medium"   | fused kernel, TF32 tensor cores (see below)                          |
-| bf16, fp16 | any        | fused kernel, native 16-bit tensor cores                             |
+| dtype      | precision  | GEMM                                                                    |
+|------------|------------|-------------------------------------------------------------------------|
+| float32    | "highest"  | fused kernel, fp32-faithful: scaled fp16 pairs, 3 tensor-core products  |
+| float32    | "high"     | fused kernel, TF32 tensor cores                                         |
+| float32    | "medium"   | fused kernel, TF32 tensor cores (see below)                             |
+| bf16, fp16 | any        | fused kernel, native 16-bit tensor cores                                |
 
 "medium": PyTorch's documentation lets float32 matmuls use bf16 internally *if a fast bf16-internal
 algorithm exists*, "otherwise ... computed as if the precision is 'high'". gemmbn has no such kernel,
@@ -23,7 +23,7 @@ PRECISIONS = ("highest", "high", "medium")
 FOLLOW_TORCH = "default"  # operator argument: use torch.get_float32_matmul_precision() at run time
 
 # GEMM kinds returned by resolve().
-IEEE_FP32 = "ieee_fp32"  # torch.mm in true fp32 + bias_scale_moments + finish_normalize
+SPLIT_FP32 = "split_fp32"  # fused gemm_scale_stats on the split weight: fp32-faithful (f16_split.cuh)
 TF32 = "tf32"  # fused gemm_scale_stats on float32 data (TF32 tensor cores)
 NATIVE_16BIT = "native_16bit"  # fused gemm_scale_stats on bf16/fp16 data
 
@@ -60,13 +60,13 @@ def normalize(precision: str | None) -> str:
 
 
 def resolve(dtype: torch.dtype, precision: str | None) -> str:
-    """GEMM kind for ``dtype`` and ``precision``: IEEE_FP32, TF32 or NATIVE_16BIT (see module table)."""
+    """GEMM kind for ``dtype`` and ``precision``: SPLIT_FP32, TF32 or NATIVE_16BIT (see module table)."""
     precision = normalize(precision)
     if dtype not in _FUSED_DTYPES:
         raise TypeError(f"no fused kernel for {dtype}; the kernels take float32, bfloat16 and float16")
     if dtype != torch.float32:
         return NATIVE_16BIT
-    return IEEE_FP32 if precision == "highest" else TF32
+    return SPLIT_FP32 if precision == "highest" else TF32
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ The measure is the relative Frobenius error ||out - out64|| / ||out64|| of the n
 (unit variance per column, so absolute and relative errors are of one size). The float64 reference is
 computed from the very inputs and parameters the kernel saw (16-bit values included), so only the
 kernel's own roundings count. Measured on an H200 (rand x, nn.Linear init, randn scale; 1000x512->264
-and 16384x4096->4096): "highest" ~2e-6, TF32 ~4e-4, bf16 ~4e-3, fp16 ~5e-4; eager PyTorch in the same
+and 16384x4096->4096): TF32 ~4e-4, bf16 ~4e-3, fp16 ~5e-4; eager PyTorch in the same
 dtype errs as much or more. With very few rows (M=2) 16-bit errors grow for eager and gemmbn alike.
 """
 
@@ -26,9 +26,10 @@ class Tolerance:
 
 _TOLERANCES = {
     (torch.float32, "highest"): Tolerance(
-        2e-5,
-        "IEEE fp32 GEMM: a K-term dot product errs ~sqrt(K) 2^-24 of its size (~4e-6 at K=4096); "
-        "statistics merged in fp32/fp64",
+        5e-6,
+        "fp32-faithful split GEMM (issue 3's bound at 16384x4096->4096; eager fp32 errs 2.3e-6 there): "
+        "operands kept to 22 bits (2^-22 per product, ~1e-7 of a dot product) with an fp32 promotion "
+        "every 32 columns; y rounded to fp32, statistics merged in fp32/fp64",
     ),
     (torch.float32, "high"): Tolerance(
         3e-3,

@@ -4,6 +4,7 @@
 //   gemm_scale_stats  y = (x W^T + b) * s, plus per-(M-tile, column) mean and M2 of y
 //   finish_normalize  merge the partials, update running statistics, out = y * alpha + delta
 // Eval forward: fold_eval_affine (per-column gain/shift) + gemm_scale_stats with that affine.
+// The fp32-faithful GEMM reads W as split_weight's fp16 pairs (once per weight version).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,14 @@ namespace gemmbn {
 enum class DType : int { f32 = 0, bf16 = 1, f16 = 2 };
 
 inline int dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
+
+// The GEMM's operand types, each with its own configuration table and instantiations (configs.h).
+enum class GemmOperands : int {
+  tf32 = 0,       // fp32 x and W on TF32 tensor cores
+  bf16 = 1,
+  f16 = 2,
+  f32_split = 3,  // fp32 x and W as scaled fp16 pairs, three products per k-tile: fp32-faithful
+};
 
 struct Status {
   enum Code : int { ok = 0, invalid_argument, unsupported, cutlass_error, cuda_error };
@@ -31,14 +40,18 @@ struct Status {
 // The GEMM and its epilogue:
 //   y[m, n] = ((acc[m, n] + bias[n]) * scale[n]) * gain[n] + shift[n],   acc = x @ weight^T (fp32)
 //   partial_mean[t, n], partial_m2[t, n] = mean and sum of squared deviations of y[m, n] as stored
-//   (rounded to dtype) over the valid rows m of M-tile t (tile height = tile_m of the configuration row used, see gemm_config_row).
+//   (rounded to dtype) over the valid rows m of row block t (partial_rows of the configuration row
+//   used, see gemm_config_row).
 // Null vectors take the identity (bias 0, scale 1, gain 1, shift 0); null partials skip the statistics.
 // batches_tracked, if not null, is incremented once by the launch (so the finish kernel, later on the
 // same stream, reads the new count for momentum=None).
 struct GemmScaleStatsArgs {
-  DType dtype = DType::f32;   // of x, weight, y, bias, scale; f32 runs TF32 tensor cores
+  DType dtype = DType::f32;   // of x, weight, y, bias, scale; f32 runs TF32 tensor cores unless split
   const void* x = nullptr;    // [M, K] row-major
-  const void* weight = nullptr;  // [N, K] row-major (nn.Linear layout)
+  const void* weight = nullptr;  // [N, K] row-major (nn.Linear layout); unused when split
+  // fp32 only, both or neither: the fp32-faithful GEMM on split_weight's output for `weight`.
+  const void* weight_split = nullptr;     // [N, split_weight_columns(K)] fp16
+  const float* weight_unscale = nullptr;  // [N]
   void* y = nullptr;          // [M, N] row-major
   int M = 0, N = 0, K = 0;
   const void* bias = nullptr;   // [N]
@@ -54,29 +67,33 @@ struct GemmScaleStatsArgs {
   int swizzle = -1;  // tile scheduler's max swizzle size: 1, 2, 4 or 8
 };
 
-// The number of rows in a dtype's configuration table (kernels/include/gemmbn/configs.h).
-int gemm_config_count(DType dtype);
+// The operand types a call runs (dtype, and the split weight for f32).
+inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) {
+  if (a.dtype == DType::bf16) return GemmOperands::bf16;
+  if (a.dtype == DType::f16) return GemmOperands::f16;
+  return a.weight_split ? GemmOperands::f32_split : GemmOperands::tf32;
+}
+// The number of rows in the operands' configuration table (kernels/include/gemmbn/configs.h).
+int gemm_config_count(GemmOperands operands);
 // Row `config` of the table (config < 0: the row picked for the problem), as
-// {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle}; tile_m is the
-// number of rows per statistics partial. False if config is out of range.
-inline constexpr int kConfigFields = 9;
-bool gemm_config_row(DType dtype, int config, int M, int N, int K, int out[kConfigFields]);
+// {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, partial_rows};
+// partial_rows is the number of rows per statistics partial. False if config is out of range.
+inline constexpr int kConfigFields = 10;
+bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields]);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 
-// y = (acc + bias) * scale in place or into y, with the same partials of y as gemm_scale_stats over
-// tiles of tile_rows rows (fp32 only: the interim fp32-exact path after an SGEMM).
-struct BiasScaleMomentsArgs {
-  const float* acc = nullptr;  // [M, N]
-  float* y = nullptr;          // [M, N], may equal acc
-  int M = 0, N = 0;
-  const float* bias = nullptr;
-  const float* scale = nullptr;
-  float* partial_mean = nullptr;
-  float* partial_m2 = nullptr;
-  int tile_rows = 128;
-  int64_t* batches_tracked = nullptr;
+// W [N, K] fp32 -> the split GEMM's operand: per row n a power-of-two scale 2^b[n] putting max_k |W[n, k]|
+// in [2^14, 2^15), and 2^b W[n, :] as fp16 hi + lo parts in the mainloop's k order (f16_split.cuh):
+//   weight_split[n, 64 t + j]      = hi of 2^b W[n, 32 t + c(j)],  weight_split[n, 64 t + 32 + j] = its lo
+//   (c: the column order within each 16-column slice; zeros past K),  weight_unscale[n] = 2^-b[n]
+struct SplitWeightArgs {
+  const float* weight = nullptr;  // [N, K]
+  int N = 0, K = 0;
+  void* weight_split = nullptr;     // [N, split_weight_columns(K)] fp16
+  float* weight_unscale = nullptr;  // [N]
 };
-Status bias_scale_moments(const BiasScaleMomentsArgs& args, cudaStream_t stream);
+int64_t split_weight_columns(int K);
+Status split_weight(const SplitWeightArgs& args, cudaStream_t stream);
 
 // Merge the per-tile partials of y (Chan's formula, fixed order, fp64) into mean_y and var_y (biased):
 //   out = (y - mean_y) / sqrt(var_y + eps) * gamma + beta      (out may alias y)

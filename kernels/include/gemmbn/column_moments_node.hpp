@@ -1,12 +1,13 @@
-// Epilogue visitor node (CUTLASS 3.x sm90 EVT): per-column moments of its input over each CTA tile.
+// Epilogue visitor node (CUTLASS 3.x sm90 EVT): per-column moments of its input over each row block of
+// an epilogue subtile's height (EPI_TILE_M rows: the whole CTA tile, or half of a 256-row one).
 //
-//   partial_mean[m_tile, n] = mean_m v[m, n],   partial_m2[m_tile, n] = sum_m (v[m, n] - mean)^2
-//   over the tile's rows m < M; the input v is forwarded unchanged to the parent node.
+//   partial_mean[b, n] = mean_m v[m, n],   partial_m2[b, n] = sum_m (v[m, n] - mean)^2
+//   over the rows m < M of block b = m_tile * EPI_M + epi_m; v is forwarded unchanged to the parent.
 //
 // NOTES:
-// - Reduced once per epilogue subtile, which spans every row of the CTA tile (EPI_M == 1, asserted),
-//   so only the current subtile's columns live in registers (the stock Sm90RowReduction keeps all
-//   CTA_N columns per thread and its loops stay rolled under nvcc 13.0: a 704 B stack frame).
+// - Reduced once per epilogue subtile, so only the current subtile's columns live in registers (the
+//   stock Sm90RowReduction keeps all CTA_N columns per thread and its loops stay rolled under nvcc
+//   13.0: a 704 B stack frame).
 // - Per thread and column, then Chan merges across lanes (shuffles) and warps (smem) in a fixed order:
 //   no cancellation of large sums, no atomics, the same bits on every run. Tiles with every row valid
 //   (all but a ragged last one) merge equal power-of-two counts without a division
@@ -27,8 +28,8 @@ using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
 struct ColumnMomentsArguments {
-  float* partial_mean = nullptr;  // [ceil(M / CTA_M), N]
-  float* partial_m2 = nullptr;    // [ceil(M / CTA_M), N]
+  float* partial_mean = nullptr;  // [ceil(M / EPI_TILE_M), N]
+  float* partial_m2 = nullptr;    // [ceil(M / EPI_TILE_M), N]
   int64_t* batches_tracked = nullptr;
 };
 
@@ -72,7 +73,7 @@ struct Sm90ColumnMoments {
   // SubtileCoords: (CPY,CPY_M,CPY_N,EPI_M,EPI_N) CTA-relative (m, n) of each value this thread visits.
   // ColumnSlots:   (CPY,CPY_M,CPY_N) register layout with stride 0 along rows: one slot per column.
   template <class SubtileCoords, class Residue, class ColumnSlots, class LaneLayoutMN, class WarpLayoutMN,
-            int EpiTileN, int kThreads>
+            int EpiTileM, int EpiTileN, int kEpiM, int kThreads>
   struct ConsumerStoreCallbacks : fusion::detail::EmptyConsumerStoreCallbacks {
     static constexpr int kValues = decltype(size(ColumnSlots{}))::value;  // values per thread per subtile
     static constexpr int kLanesM = decltype(size<0>(LaneLayoutMN{}))::value;
@@ -109,15 +110,16 @@ struct Sm90ColumnMoments {
     CUTLASS_DEVICE void reduce(SmemTensor&& smem_buffer, SyncFn const& sync_fn, int epi_m, int epi_n, bool,
                                VisitResults const&) {
       if (params.partial_mean == nullptr) return;
-      if (get<0>(residue) <= 0 || get<1>(residue) <= 0) return;  // CTA beyond the problem (rounded-up cluster)
+      // Uniform across the CTA: rows of this subtile inside the problem.
+      const int rows_left = get<0>(residue) - epi_m * EpiTileM;
+      if (rows_left <= 0 || get<1>(residue) <= 0) return;  // beyond the problem (rounded-up tile or cluster)
       static_assert(3 * kWarpsM * EpiTileN * sizeof(float) <=
                         decltype(cosize(smem_buffer.layout()))::value *
                             sizeof(typename cute::remove_cvref_t<SmemTensor>::value_type),
                     "epilogue smem stage too small for the column-moments scratch");
       float* scratch = reinterpret_cast<float*>(raw_pointer_cast(smem_buffer.data()));
-      // Uniform across the CTA: every row of the tile is inside the problem.
-      if (get<0>(residue) >= int(size<0>(CtaTileShapeMNK{}))) {
-        reduce_full_tile(scratch, sync_fn, epi_n);
+      if (rows_left >= EpiTileM) {
+        reduce_full_tile(scratch, sync_fn, epi_m, epi_n);
       } else {
         reduce_partial_tile(scratch, sync_fn, epi_m, epi_n);
       }
@@ -127,7 +129,7 @@ struct Sm90ColumnMoments {
     //   mean = (mean_a + mean_b) / 2,   M2 = M2_a + M2_b + (mean_b - mean_a)^2 n / 2
     // No counts, no division, no bounds checks. Columns past N are reduced too and never written.
     template <class SyncFn>
-    CUTLASS_DEVICE void reduce_full_tile(float* scratch, SyncFn const& sync_fn, int epi_n) {
+    CUTLASS_DEVICE void reduce_full_tile(float* scratch, SyncFn const& sync_fn, int epi_m, int epi_n) {
       // 1. Per thread and column slot: exact two-pass mean and M2 of its kRowsPerSlot values.
       Tensor slot_sum = make_tensor<float>(ColumnSlots{});
       Tensor slot_sq = make_tensor<float>(ColumnSlots{});
@@ -164,7 +166,7 @@ struct Sm90ColumnMoments {
       // 3. Across warps through smem, [mean | M2][column][warp_m]. The stage is free: the epilogue
       //    synchronized after acquiring it, and the previous subtile's reads of it ended with a barrier.
       constexpr int kPlane = kWarpsM * EpiTileN;
-      Tensor subtile_coords = coords(_, _, _, 0, epi_n);  // EPI_M == 1
+      Tensor subtile_coords = coords(_, _, _, epi_m, epi_n);
       if (lane_m == 0) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kValues; ++i) {
@@ -197,7 +199,7 @@ struct Sm90ColumnMoments {
         }
         int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + entry / kWarpsM;
         if (valid && entry % kWarpsM == 0 && column < n_total) {
-          size_t at = static_cast<size_t>(m_tile) * n_total + column;
+          size_t at = static_cast<size_t>(m_tile * kEpiM + epi_m) * n_total + column;
           params.partial_mean[at] = mean_w;
           params.partial_m2[at] = m2_w;
         }
@@ -281,7 +283,7 @@ struct Sm90ColumnMoments {
         }
         int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + thread_idx;
         if (column < n_total) {
-          size_t at = static_cast<size_t>(m_tile) * n_total + column;
+          size_t at = static_cast<size_t>(m_tile * kEpiM + epi_m) * n_total + column;
           params.partial_mean[at] = mean;
           params.partial_m2[at] = m2;
         }
@@ -309,7 +311,6 @@ struct Sm90ColumnMoments {
     // Coordinates of every value the thread visits, relative to the CTA tile.
     auto coords = fusion::sm90_partition_for_epilogue<ReferenceSrc>(args.cD, args.epi_tile, args.tiled_copy,
                                                                     args.thread_idx);
-    static_assert(decltype(size<3>(coords))::value == 1, "the epilogue subtile must span the CTA tile's rows");
 
     // One register slot per column: partition a (CTA_M, CTA_N) layout that does not move along rows.
     auto column_layout = make_layout(take<0, 2>(CtaTileShapeMNK{}), Stride<_0, _1>{});
@@ -336,12 +337,15 @@ struct Sm90ColumnMoments {
     int lane_m = right_inverse(lane_layout_mn)(cutlass::canonical_lane_idx()) % size<0>(lane_layout_mn);
     int warp_m = right_inverse(warp_layout_mn)(args.thread_idx / cutlass::NumThreadsPerWarp) % size<0>(warp_layout_mn);
 
+    constexpr int kEpiTileM = decltype(size<0>(args.epi_tile))::value;
     constexpr int kEpiTileN = decltype(size<1>(args.epi_tile))::value;
+    constexpr int kEpiM = decltype(size<3>(coords))::value;  // subtiles along M per CTA tile
+    static_assert(kEpiM * kEpiTileM == decltype(size<0>(CtaTileShapeMNK{}))::value, "subtiles tile the CTA rows");
     auto [m_tile, n_tile, k_tile, l_tile] = args.tile_coord_mnkl;
     int n_total = static_cast<int>(get<1>(args.problem_shape_mnkl));
     using Callbacks = ConsumerStoreCallbacks<decltype(coords), decltype(args.residue_cD), ColumnSlots,
-                                             decltype(lane_layout_mn), decltype(warp_layout_mn), kEpiTileN,
-                                             decltype(args.tiled_copy)::TiledNumThr::value>;
+                                             decltype(lane_layout_mn), decltype(warp_layout_mn), kEpiTileM, kEpiTileN,
+                                             kEpiM, decltype(args.tiled_copy)::TiledNumThr::value>;
     return Callbacks(params, coords, args.residue_cD, static_cast<int>(m_tile), static_cast<int>(n_tile), n_total,
                      lane_m, warp_m, args.thread_idx);
   }

@@ -19,6 +19,13 @@ struct TileConfig {
   int swizzle;                 // max swizzle size (1, 2, 4 or 8)
 };
 
+// Rows per statistics partial: the epilogue subtile's height (CUTLASS's sm90 epilogue takes 128 rows
+// per subtile in cooperative kernels, 64 in ping-pong ones), so a 256-row tile writes two partials.
+inline constexpr int partial_rows(TileConfig const& c) {
+  const int subtile_rows = c.pingpong ? 64 : 128;
+  return c.tile_m < subtile_rows ? c.tile_m : subtile_rows;
+}
+
 // select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape: TF32 row 1 at M <= 2048, else row 0.
 // Kept rows won somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM + statistics, L2
 // flushed, ms):
@@ -39,15 +46,33 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
 };
 
+// The fp32-faithful split GEMM: 128x128 tiles (the k-tile and fp32 accumulators take 128 registers per
+// thread), k-tiles of split::kTileK = 32 columns, cooperative only (its mainloop is written for it).
+inline constexpr TileConfig kSplitConfigs[] = {
+    {128, 128, 32, 1, 1, 32, 0, 0, 8},  // 0: no cluster
+    {128, 128, 32, 2, 1, 32, 0, 0, 8},  // 1: W's tile multicast to 2 CTAs along M
+};
+
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);
 inline constexpr int kHalfConfigCount = sizeof(kHalfConfigs) / sizeof(TileConfig);
+inline constexpr int kSplitConfigCount = sizeof(kSplitConfigs) / sizeof(TileConfig);
 
-inline constexpr int config_count(DType dtype) { return dtype == DType::f32 ? kTf32ConfigCount : kHalfConfigCount; }
-inline constexpr TileConfig const& config_at(DType dtype, int index) {
-  return dtype == DType::f32 ? kTf32Configs[index] : kHalfConfigs[index];
+inline constexpr int config_count(GemmOperands operands) {
+  switch (operands) {
+    case GemmOperands::tf32: return kTf32ConfigCount;
+    case GemmOperands::f32_split: return kSplitConfigCount;
+    default: return kHalfConfigCount;
+  }
+}
+inline constexpr TileConfig const& config_at(GemmOperands operands, int index) {
+  switch (operands) {
+    case GemmOperands::tf32: return kTf32Configs[index];
+    case GemmOperands::f32_split: return kSplitConfigs[index];
+    default: return kHalfConfigs[index];
+  }
 }
 
-// Index into the dtype's table for this problem (one rule, measured rows; see gemm_dispatch.cpp).
-int select_config(DType dtype, int M, int N, int K);
+// Index into the operands' table for this problem (one rule, measured rows; see gemm_dispatch.cpp).
+int select_config(GemmOperands operands, int M, int N, int K);
 
 }  // namespace gemmbn

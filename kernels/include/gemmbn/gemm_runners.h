@@ -6,7 +6,7 @@
 
 namespace gemmbn::detail {
 
-template <DType Type, int Row>
+template <GemmOperands Operands, int Row>
 struct GemmRunner {
   static Status run(GemmScaleStatsArgs const& args, cudaStream_t stream);  // explicitly instantiated per row
 };

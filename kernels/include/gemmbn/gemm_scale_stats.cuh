@@ -1,5 +1,6 @@
 // The fused GEMM: CUTLASS 3.x sm90a, TMA + wgmma, warp-specialized persistent kernel (cooperative or
-// ping-pong, per configuration row).
+// ping-pong, per configuration row); the fp32-faithful split GEMM swaps in its own mainloop
+// (split_f16x3_mainloop.hpp) under the same epilogue.
 // Included only by kernels/src/gemm_row.cuh, which instantiates one configuration row per translation unit.
 #pragma once
 
@@ -16,15 +17,47 @@
 #include "gemmbn/column_moments_node.hpp"
 #include "gemmbn/configs.h"
 #include "gemmbn/device_info.h"
+#include "gemmbn/split_f16x3_mainloop.hpp"
 
 namespace gemmbn::detail {
 
 using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
-template <class Element, TileConfig const* Table, int Index>
+// Element of x, W (unless split), y, bias and scale per operand type.
+template <GemmOperands Operands>
+using OperandElement = cute::conditional_t<Operands == GemmOperands::bf16, cutlass::bfloat16_t,
+                                           cute::conditional_t<Operands == GemmOperands::f16, cutlass::half_t, float>>;
+
+// CUTLASS's own mainloop for native operands, sized to the shared memory the epilogue leaves.
+template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, bool Split>
+struct MainloopFor {
+  static constexpr int kAlignment = 16 / sizeof(Element);
+  using type = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      Element, cutlass::layout::RowMajor, kAlignment,     // x [M, K]
+      Element, cutlass::layout::ColumnMajor, kAlignment,  // W [N, K] = K x N column-major
+      float, TileShape, ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>,
+      KernelSchedule>::CollectiveOp;
+};
+// The split mainloop: as many stages as fit beside the epilogue (less 2 KB for the kernel's barriers,
+// scheduler storage and the 1024-byte alignment of the stages).
+template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes>
+struct MainloopFor<Element, TileShape, ClusterShape, KernelSchedule, EpilogueBytes, true> {
+  static constexpr int kTileN = cute::size<1>(TileShape{});
+  using Probe = mainloop::SplitF16x3Mainloop<2, ClusterShape, kTileN>;
+  static constexpr int kStages =
+      (cutlass::gemm::collective::detail::sm90_smem_capacity_bytes - EpilogueBytes - 2048) /
+      (Probe::kStageBytes + int(sizeof(typename Probe::PipelineStorage)) / 2);
+  static_assert(cute::is_same_v<TileShape, typename Probe::TileShape>, "split rows: 128 x N x split::kTileK tiles");
+  using type = mainloop::SplitF16x3Mainloop<kStages, ClusterShape, kTileN>;
+};
+
+template <GemmOperands Operands, int Index>
 struct GemmScaleStatsKernel {
-  static constexpr TileConfig kConfig = Table[Index];
+  using Element = OperandElement<Operands>;
+  static constexpr bool kSplit = Operands == GemmOperands::f32_split;
+  static constexpr TileConfig kConfig = config_at(Operands, Index);
   using TileShape = Shape<Int<kConfig.tile_m>, Int<kConfig.tile_n>, Int<kConfig.tile_k>>;
   using ClusterShape = Shape<Int<kConfig.cluster_m>, Int<kConfig.cluster_n>, _1>;
   static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows
@@ -33,18 +66,22 @@ struct GemmScaleStatsKernel {
                                              cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using EpilogueSchedule = cute::conditional_t<kConfig.pingpong != 0, cutlass::epilogue::TmaWarpSpecialized,
                                                cutlass::epilogue::TmaWarpSpecializedCooperative>;
-  // The statistics node needs subtiles spanning the CTA tile's rows; a width of 0 leaves it to CUTLASS.
+  // Subtiles of partial_rows rows (the statistics node writes a partial per subtile row block); a width
+  // of 0 leaves the subtile to CUTLASS.
   using EpilogueTile = cute::conditional_t<kConfig.epilogue_n == 0, cutlass::epilogue::collective::EpilogueTileAuto,
-                                           Shape<Int<kConfig.tile_m>, Int<cute::max(kConfig.epilogue_n, 1)>>>;
+                                           Shape<Int<partial_rows(kConfig)>, Int<cute::max(kConfig.epilogue_n, 1)>>>;
 
   // Epilogue visitor tree, leaves first:
-  using Acc = fusion::Sm90AccFetch;                                      // acc = x @ W^T
+  using Acc = fusion::Sm90AccFetch;                                      // acc = x @ W^T (split: x @ (2^b W)^T)
+  using Unscale = fusion::Sm90RowBroadcast<0, TileShape, float, float>; // 2^-b[n] (split: W's row scale)
   using Bias = fusion::Sm90RowBroadcast<0, TileShape, Element, float>;  // b[n]
   using Scale = fusion::Sm90RowBroadcast<0, TileShape, Element, float>; // s[n]
   using Gain = fusion::Sm90RowBroadcast<0, TileShape, float, float>;    // gain[n] (eval: folded BN)
   using Shift = fusion::Sm90RowBroadcast<0, TileShape, float, float>;   // shift[n]
-  using AddBias = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>,  // acc + b
-                                  Acc, Bias>;
+  using AddBias = cute::conditional_t<kSplit,
+      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,  // acc 2^-b + b
+                      Acc, Unscale, Bias>,
+      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, Acc, Bias>>;        // acc + b
   using MulScale = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,  // (acc + b) s
                                    AddBias, Scale>;
   using Affine = fusion::Sm90EVT<  // y = (acc + b) s gain + shift, rounded to Element
@@ -60,39 +97,48 @@ struct GemmScaleStatsKernel {
       Element, cutlass::layout::RowMajor, kAlignment,  // D = y
       EpilogueSchedule, Output>::CollectiveOp;
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      Element, cutlass::layout::RowMajor, kAlignment,     // x [M, K]
-      Element, cutlass::layout::ColumnMajor, kAlignment,  // W [N, K] = K x N column-major
-      float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      KernelSchedule>::CollectiveOp;
+  static_assert(!kSplit || kConfig.pingpong == 0, "the split mainloop is written for the cooperative kernel");
+  using CollectiveMainloop =
+      typename MainloopFor<Element, TileShape, ClusterShape, KernelSchedule,
+                           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)), kSplit>::type;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                       CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static Status run(GemmScaleStatsArgs const& a, cudaStream_t stream) {
-    using StrideA = typename Kernel::StrideA;
-    using StrideB = typename Kernel::StrideB;
     using StrideC = typename Kernel::StrideC;
     using StrideD = typename Kernel::StrideD;
-    auto stride_a = cutlass::make_cute_packed_stride(StrideA{}, make_shape(a.M, a.K, 1));
-    auto stride_b = cutlass::make_cute_packed_stride(StrideB{}, make_shape(a.N, a.K, 1));
+    auto stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(a.M, a.K, 1));
+    auto stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(a.N, a.K, 1));
     auto stride_c = cutlass::make_cute_packed_stride(StrideC{}, make_shape(a.M, a.N, 1));
     auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, make_shape(a.M, a.N, 1));
 
+    typename Bias::Arguments bias{static_cast<Element const*>(a.bias), Element(0.f), {}};
+    typename AddBias::Arguments add_bias = [&] {
+      if constexpr (kSplit) return typename AddBias::Arguments{{}, {a.weight_unscale, 1.f, {}}, bias, {}};
+      else return typename AddBias::Arguments{{}, bias, {}};
+    }();
     typename Output::Arguments epilogue_tree{
         {                                                                   // Affine
             {                                                               // MulScale
-                {{}, {static_cast<Element const*>(a.bias), Element(0.f), {}}, {}},  // AddBias(Acc, Bias)
-                {static_cast<Element const*>(a.scale), Element(1.f), {}},          // Scale
+                add_bias,
+                {static_cast<Element const*>(a.scale), Element(1.f), {}},  // Scale
                 {}},
             {a.gain, 1.f, {}},   // Gain
             {a.shift, 0.f, {}},  // Shift
             {}},
         {a.partial_mean, a.partial_m2, a.batches_tracked}};  // Moments
+
+    typename CollectiveMainloop::Arguments mainloop_arguments = [&] {
+      if constexpr (kSplit) {
+        return typename CollectiveMainloop::Arguments{static_cast<float const*>(a.x),
+                                                      static_cast<cutlass::half_t const*>(a.weight_split)};
+      } else {
+        return typename CollectiveMainloop::Arguments{static_cast<Element const*>(a.x), stride_a,
+                                                      static_cast<Element const*>(a.weight), stride_b};
+      }
+    }();
 
     cutlass::KernelHardwareInfo hw_info;
     cudaError_t device_error = current_device_info(hw_info.device_id, hw_info.sm_count);
@@ -101,7 +147,7 @@ struct GemmScaleStatsKernel {
     typename Gemm::Arguments arguments{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {a.M, a.N, a.K, 1},
-        {static_cast<Element const*>(a.x), stride_a, static_cast<Element const*>(a.weight), stride_b},
+        mainloop_arguments,
         {epilogue_tree, nullptr, stride_c, static_cast<Element*>(a.y), stride_d},
         hw_info};
     using RasterOrder = decltype(arguments.scheduler.raster_order);

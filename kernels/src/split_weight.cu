@@ -1,0 +1,78 @@
+// The split GEMM's weight operand, made once per weight version (python/gemmbn/weight_cache.py).
+#include <cuda_fp16.h>
+
+#include "gemmbn/api.h"
+#include "gemmbn/elementwise.cuh"
+#include "gemmbn/f16_split.cuh"
+
+namespace gemmbn {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVectorsPerTile = split::kTileK / 4;  // float4 loads per k-tile of a row
+
+// The mainloop's register order (split_f16x3_mainloop.hpp): columns 4q..4q+3 of a slice sit at positions
+// 2q, 2q+1 (first pair) and 2q+8, 2q+9 (second pair).
+constexpr bool pairs_follow_slice_order() {
+  for (int q = 0; q < 4; ++q) {
+    for (int j = 0; j < 2; ++j) {
+      if (split::slice_column(2 * q + j) != 4 * q + j || split::slice_column(2 * q + 8 + j) != 4 * q + 2 + j) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+static_assert(pairs_follow_slice_order(), "split_weight's pairs and split::slice_column disagree");
+
+__device__ float block_max(float v, float* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, offset));
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = scratch[0];
+  for (int w = 1; w < kThreads / 32; ++w) v = fmaxf(v, scratch[w]);
+  return v;
+}
+
+// One block per row n: s = 2^b[n] from max_k |W[n, k]|, then 2^b W[n, :] -> (hi, lo) in the mainloop's order.
+__global__ void __launch_bounds__(kThreads) split_weight_kernel(SplitWeightArgs a) {
+  __shared__ float scratch[kThreads / 32];
+  const int n = blockIdx.x;
+  const float* row = a.weight + static_cast<int64_t>(n) * a.K;
+  const int vectors = a.K / 4;
+  float max_abs = 0.f;
+  for (int i = threadIdx.x; i < vectors; i += kThreads) {
+    const float4 v = reinterpret_cast<const float4*>(row)[i];
+    max_abs = fmaxf(max_abs, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+  float scale, unscale;
+  split::pow2_scale(block_max(max_abs, scratch), scale, unscale);
+  if (threadIdx.x == 0) a.weight_unscale[n] = unscale;
+
+  const int64_t columns = split::split_columns(a.K);
+  uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<__half*>(a.weight_split) + n * columns);
+  const int padded_vectors = static_cast<int>(columns / 2 / 4);  // k-tiles x kVectorsPerTile
+  for (int i = threadIdx.x; i < padded_vectors; i += kThreads) {
+    const float4 v = i < vectors ? reinterpret_cast<const float4*>(row)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    const int tile = i / kVectorsPerTile, slice = (i % kVectorsPerTile) / 4, quad = i % 4;
+    const int hi_at = (tile * 2 * split::kTileK + slice * split::kSliceK + 2 * quad) / 2;  // in fp16 pairs
+    const int lo_at = hi_at + split::kTileK / 2;
+    split::split_pair(v.x * scale, v.y * scale, out[hi_at], out[lo_at]);
+    split::split_pair(v.z * scale, v.w * scale, out[hi_at + 4], out[lo_at + 4]);  // positions 2q + 8, 2q + 9
+  }
+}
+
+}  // namespace
+
+int64_t split_weight_columns(int K) { return split::split_columns(K); }
+
+Status split_weight(const SplitWeightArgs& a, cudaStream_t stream) {
+  if (a.N < 1 || a.K < 1) return Status::invalid("N and K must be positive");
+  if (a.K % 4 != 0) return Status::invalid("K must be a multiple of 4 (16-byte rows of float32)");
+  if (!a.weight || !a.weight_split || !a.weight_unscale) return Status::invalid("weight, weight_split and weight_unscale are required");
+  if (!is_aligned16(a.weight) || !is_aligned16(a.weight_split)) return Status::invalid("weight and weight_split must start on a 16-byte boundary");
+  split_weight_kernel<<<a.N, kThreads, 0, stream>>>(a);
+  return Status::from_cuda(cudaGetLastError(), "launching split_weight");
+}
+
+}  // namespace gemmbn

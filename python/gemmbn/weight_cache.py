@@ -1,0 +1,96 @@
+"""The fp32-faithful GEMM's weight operand (gemmbn._C.split_weight), cached against the weight's version.
+
+split_weight turns W [N, K] (float32) into scaled fp16 hi/lo parts in the kernel's layout plus a
+per-row power of two; it reads W once (~0.03 ms at 4096x4096), a small part of a forward but wasted
+when W did not change. The cache keeps one split per weight tensor and makes it again whenever the
+tensor's storage or its version counter moved: every in-place update through the tensor (an
+optimizer step, ``copy_``, ``load_state_dict``) bumps the counter. Writes through ``weight.data``
+bypass the counter, as they bypass autograd; call ``clear()`` after such a write.
+
+While a CUDA graph is being captured the split is always made inside the capture, so each replay
+re-splits the weight as it is then (the cache cannot see updates made between replays).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils.dlpack import to_dlpack
+
+from ._native import extension
+
+
+@dataclass
+class _Entry:
+    owner: weakref.ref
+    data_ptr: int
+    version: int
+    shape: torch.Size
+    weight_split: Tensor
+    weight_unscale: Tensor
+
+
+_entries: dict[int, _Entry] = {}
+_lock = threading.Lock()
+
+
+def clear() -> None:
+    """Forget every cached split (after writing a weight through ``.data``, say)."""
+    with _lock:
+        _entries.clear()
+
+
+def _split(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
+    _C = extension()
+    N, K = weight.shape
+    weight_split = torch.empty((N, _C.split_weight_columns(K)), dtype=torch.float16, device=weight.device)
+    weight_unscale = torch.empty(N, dtype=torch.float32, device=weight.device)
+    _C.split_weight(to_dlpack(weight.detach()), to_dlpack(weight_split), to_dlpack(weight_unscale), stream)
+    return weight_split, weight_unscale
+
+
+def split_weight(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
+    """(weight_split, weight_unscale) of a contiguous float32 CUDA weight, made on ``stream`` when stale.
+
+    The split is made on the stream of the forward that first needs it, and the GEMM after it runs on
+    that stream too, so no event is needed: a later forward on another stream is ordered by the
+    caller's own synchronization of the weight, as any read of it would be.
+    """
+    version = _version(weight)
+    if version is None or torch.cuda.is_current_stream_capturing():
+        return _split(weight, stream)
+    key = id(weight)
+    with _lock:
+        entry = _entries.get(key)
+        if (
+            entry is not None
+            and entry.owner() is weight
+            and entry.data_ptr == weight.data_ptr()
+            and entry.version == version
+            and entry.shape == weight.shape
+        ):
+            return entry.weight_split, entry.weight_unscale
+    weight_split, weight_unscale = _split(weight, stream)
+    owner = weakref.ref(weight, lambda _, key=key: _evict(key))
+    with _lock:
+        _entries[key] = _Entry(owner, weight.data_ptr(), version, weight.shape, weight_split, weight_unscale)
+    return weight_split, weight_unscale
+
+
+def _version(weight: Tensor) -> int | None:
+    """The tensor's version counter, or None for an inference tensor (which has none: never cached)."""
+    try:
+        return weight._version
+    except RuntimeError:
+        return None
+
+
+def _evict(key: int) -> None:
+    with _lock:
+        entry = _entries.get(key)
+        if entry is not None and entry.owner() is None:
+            del _entries[key]
