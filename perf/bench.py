@@ -43,7 +43,7 @@ except ImportError:
 
 import report
 import shapes
-from gemmbn import _native, fallback, timing
+from gemmbn import _native, fallback, timing, weight_cache
 from gemmbn import precision as precision_mod
 
 COLUMNS = ["set", "M", "K", "N", "provider", "dtype", "precision", "mode", "median_ms", "min_ms", "max_ms",
@@ -220,8 +220,7 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, shap
             jobs = [(p, m) for p, m in jobs if p in chosen]
             if args.providers is None and (set_name not in AUTOTUNE_SETS or config.name not in AUTOTUNE_CONFIGS):
                 jobs = [(p, m) for p, m in jobs if p != "compile-max-autotune"]
-            # The native GEMM alone exists for TF32 and 16-bit operands, not IEEE fp32.
-            if not native or config.name == "fp32":
+            if not native:
                 jobs = [(p, m) for p, m in jobs if p != "gemmbn-gemm-only"]
             work.append((set_name, shape, config, jobs))
     return work
@@ -262,7 +261,12 @@ def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config:
         y = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         note = "gemm_scale_stats without the statistics node: y = (xW^T + b) s"
-        return (lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream)), note
+        split = {}
+        if config.name == "fp32":  # the fp32-faithful GEMM; its weight split once, untimed (as the module caches it)
+            weight_split, weight_unscale = weight_cache.split_weight(w, stream)
+            split = {"weight_split": weight_split, "weight_unscale": weight_unscale}
+            note += ", split fp32 GEMM"
+        return (lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream, **split)), note
     raise ValueError(provider)
 
 

@@ -3,7 +3,7 @@
     python perf/breakdown.py [--size M K N]
 
 Times (CUDA events, median of --iters after warm-up, inputs resident; ms):
-  gemm+stats   gemm_scale_stats with the statistics epilogue
+  gemm+stats   gemm_scale_stats with the statistics epilogue (fp32 "highest": the split GEMM)
   gemm         the same kernel with the statistics node switched off (the epilogue's cost)
   finish       finish_normalize in place over y
   forward      the module's whole training forward (Python + both launches)
@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from gemmbn import GemmScaleBatchNorm, _native
+from gemmbn import GemmScaleBatchNorm, _native, weight_cache
 
 
 def _time(fn, iters: int, warmup: int = 5) -> float:
@@ -41,20 +41,26 @@ def breakdown(M: int, K: int, N: int, dtype: torch.dtype, precision: str, iters:
     x = torch.rand(M, K, device="cuda", dtype=dtype)
     model = GemmScaleBatchNorm(K, N, (N,), precision=precision).to("cuda", dtype)
     w, b, s = model.gemm.weight.detach(), model.gemm.bias.detach(), model.scale.detach()
-    tile_m, _ = C.gemm_config(name, M, N, K)
+    split = dtype == torch.float32 and precision == "highest"  # the fp32-faithful GEMM
+    tile_m, _ = C.gemm_config(name, M, N, K, split=split)
     tiles = -(-M // tile_m)
     y = torch.empty(M, N, device="cuda", dtype=dtype)
     partials = torch.empty(2, tiles, N, device="cuda")
     save = torch.empty(2, N, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
+    extra = {}
+    if split:
+        weight_split, weight_unscale = weight_cache.split_weight(w, stream)
+        extra = {"weight_split": weight_split, "weight_unscale": weight_unscale}
     rm, rv = model.bn.running_mean, model.bn.running_var
     gamma, beta = model.bn.weight.detach(), model.bn.bias.detach()
     times = {
         "gemm+stats": _time(lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None,
-                                                       stream), iters),
-        "gemm": _time(lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream), iters),
+                                                       stream, **extra), iters),
+        "gemm": _time(lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream, **extra),
+                      iters),
     }
-    C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, stream)
+    C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, stream, **extra)
     times["finish"] = _time(lambda: C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta,
                                                        rm, rv, None, 0.1, 1e-5, save[0], save[1], stream), iters)
     with torch.no_grad():
@@ -77,8 +83,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N}  median of {args.iters}, ms")
     names = ["gemm+stats", "gemm", "finish", "forward", "cublas"]
     print(f"  {'config':<10}" + "".join(f"{n:>12}" for n in names))
-    for label, dtype, precision in (("tf32", torch.float32, "high"), ("bf16", torch.bfloat16, "high"),
-                                    ("fp16", torch.float16, "high")):
+    for label, dtype, precision in (("fp32", torch.float32, "highest"), ("tf32", torch.float32, "high"),
+                                    ("bf16", torch.bfloat16, "high"), ("fp16", torch.float16, "high")):
         t = breakdown(M, K, N, dtype, precision, args.iters)
         print(f"  {label:<10}" + "".join(f"{t[n]:>12.3f}" for n in names))
 

@@ -1,28 +1,61 @@
 #!/usr/bin/env bash
-# Everything one device call should do after a kernel change, in order of importance, logs in OUT_DIR:
-# build (ptxas report), GPU tests, the tuning sweep, finish_normalize's bandwidth, the per-launch breakdown,
-# the side-by-side benchmark
-# at the KernelBench shape, and the main job; the logs come back as OUT_DIR/session.tgz.
-#   bash perf/gpu_session.sh OUT_DIR          (carry .whl/ with the CUTLASS wheel; see perf/README.md)
+# One device call after a kernel change, logs in OUT_DIR (returned as OUT_DIR/session.tgz):
+#   bash perf/gpu_session.sh OUT_DIR [STEP ...]      (carry .whl/ with the CUTLASS wheel; perf/README.md)
+# Steps run in the order given (default: all of them, in this order):
+#   build             pip install with the ptxas report; the extension also lands in OUT_DIR (_C.*.so),
+#                     so a later call can carry it as python/gemmbn/ and skip the build
+#   smoke             the native GPU tests of the split GEMM and of every configuration row, stopping at
+#                     the first failure (a quick verdict before the long steps)
+#   tests             the GPU tests (tests/test_native_gpu.py, tests/test_fused_gpu.py)
+#   tune              perf/tune_gemm.py at 16384x4096->4096 (every table row x tile order)
+#   tune-short        the same at 1024x8192->8192 (short-M cliffs)
+#   finish-bandwidth  finish_normalize against a device copy
+#   breakdown         each launch alone
+#   bench             perf/bench.py at the KernelBench shape, every provider
+#   main-job          python -m gemmbn
+# With a carried python/gemmbn/_C*.so the build is skipped and PYTHONPATH=python uses it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source perf/session_lib.sh
-session_begin "${1:?usage: bash perf/gpu_session.sh OUT_DIR}" session
+session_begin "${1:?usage: bash perf/gpu_session.sh OUT_DIR [STEP ...]}" session
+shift
+steps=${*:-build smoke tests tune tune-short finish-bandwidth breakdown bench main-job}
+export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
-step build
-bash perf/run_on_gpu.sh "$out" --build-only || exit 1
-grep "stack frame" "$out/ptxas.txt" | sort | uniq -c
-step tests
-timeout 240 python3 -m pytest -q -rs tests/test_native_gpu.py tests/test_fused_gpu.py 2>&1 | tee "$out/tests.log" | tail -6
-step tune
-timeout 120 python3 perf/tune_gemm.py --out "$out/tune.csv" 2>&1 | tee "$out/tune.txt" | awk '/:/{c=0} {c++; if (c<=13) print}'
-step finish-bandwidth
-timeout 60 python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt"
-step breakdown
-timeout 60 python3 perf/breakdown.py 2>&1 | tee "$out/breakdown.txt" | tail -5
-step bench
-GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} timeout 200 \
-  python3 perf/bench.py --set kernelbench --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only \
-  --out "$out/bench.csv" 2>&1 | tee "$out/bench.txt" | grep "^|"
-step main-job
-timeout 150 python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25
+if ls python/gemmbn/_C*.so >/dev/null 2>&1; then
+  step "prebuilt extension (carried)"
+  export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+  python3 -c "import gemmbn._C as c; print('extension', c.__file__)" || exit 1
+  steps=${steps//build/}
+fi
+for name in $steps; do
+  step "$name"
+  case $name in
+    build)
+      bash perf/run_on_gpu.sh "$out" --build-only || exit 1
+      grep "stack frame" "$out/ptxas.txt" | sort | uniq -c
+      (cd /tmp && cp "$(python3 -c 'import gemmbn._C as c; print(c.__file__)')" "$archive_dir/") ;;
+    smoke)
+      timeout 150 python3 -m pytest -x -q -rs tests/test_native_gpu.py -k "split or every_configuration_row" 2>&1 \
+        | tee "$out/smoke.log" | tail -15 ;;
+    tests)
+      timeout 420 python3 -m pytest -q -rs tests/test_native_gpu.py tests/test_fused_gpu.py 2>&1 \
+        | tee "$out/tests.log" | tail -25 ;;
+    tune)
+      timeout 150 python3 perf/tune_gemm.py --out "$out/tune.csv" 2>&1 | tee "$out/tune.txt" \
+        | awk '/:/{c=0} {c++; if (c<=10) print}' ;;
+    tune-short)
+      timeout 120 python3 perf/tune_gemm.py --size 1024 8192 8192 --swizzles 1,8 --out "$out/tune_short.csv" 2>&1 \
+        | tee "$out/tune_short.txt" | awk '/:/{c=0} {c++; if (c<=8) print}' ;;
+    finish-bandwidth)
+      timeout 60 python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt" ;;
+    breakdown)
+      timeout 90 python3 perf/breakdown.py 2>&1 | tee "$out/breakdown.txt" | tail -6 ;;
+    bench)
+      timeout 300 python3 perf/bench.py --set kernelbench --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only \
+        --out "$out/bench.csv" 2>&1 | tee "$out/bench.txt" | grep "^|" ;;
+    main-job)
+      timeout 200 python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25 ;;
+    *) echo "unknown step '$name'" ;;
+  esac
+done

@@ -1,11 +1,12 @@
 """Tuning sweep of the fused GEMM: every row of the configuration tables x tile orders, one process.
 
-    python perf/tune_gemm.py [--size M K N] [--dtypes float32,bfloat16,float16] [--rasters 0,1,2]
+    python perf/tune_gemm.py [--size M K N] [--dtypes float32,bfloat16,float16,split] [--rasters 0,1,2]
                              [--swizzles 1,2,4,8] [--iters 20] [--out CSV]
 
-For each (dtype, row of kernels/include/gemmbn/configs.h, raster, swizzle): the median time of one
-gemm_scale_stats launch with the statistics epilogue (what a training forward runs), L2 flushed before
-every call as perf/bench.py does, next to cuBLAS `mm` and `addmm` in the same precision. All candidates
+For each (operand type, row of kernels/include/gemmbn/configs.h, raster, swizzle): the median time of
+one gemm_scale_stats launch with the statistics epilogue (what a training forward runs), L2 flushed
+before every call as perf/bench.py does, next to cuBLAS `mm` and `addmm` in the same precision
+(float32: TF32; split, the fp32-faithful GEMM on float32 data: IEEE SGEMM). All candidates
 of a dtype are timed interleaved (round i times each once), so clock drift under load is shared. raster: 0 CUTLASS
 heuristic, 1 along M, 2 along N; swizzle: the persistent scheduler's max swizzle size. The fastest
 line per dtype is the candidate for select_config (kernels/src/gemm_dispatch.cpp) at this shape.
@@ -24,14 +25,17 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench import Timer
-from gemmbn import _native
+from gemmbn import _native, weight_cache
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# name -> (dtype, split)
+OPERANDS = {"float32": (torch.float32, False), "bfloat16": (torch.bfloat16, False),
+            "float16": (torch.float16, False), "split": (torch.float32, True)}  # fmt: skip
 
 
-def sweep(M: int, K: int, N: int, dtype_name: str, rasters, swizzles, timer: Timer) -> list[dict]:
+def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, timer: Timer) -> list[dict]:
     C = _native.extension()
-    dtype = DTYPES[dtype_name]
+    dtype, split = OPERANDS[name]
+    dtype_name = str(dtype).removeprefix("torch.")
     torch.manual_seed(0)
     x = torch.rand(M, K, device="cuda", dtype=dtype)
     w = (torch.rand(N, K, device="cuda", dtype=dtype) - 0.5) / K**0.5
@@ -40,9 +44,13 @@ def sweep(M: int, K: int, N: int, dtype_name: str, rasters, swizzles, timer: Tim
     y = torch.empty(M, N, device="cuda", dtype=dtype)
     stream = torch.cuda.current_stream().cuda_stream
     flops = 2 * M * N * K
+    split_args = {}
+    if split:  # made once, untimed: the module caches it per weight version
+        weight_split, weight_unscale = weight_cache.split_weight(w, stream)
+        split_args = {"weight_split": weight_split, "weight_unscale": weight_unscale}
     candidates = []  # (row dict, fn)
-    for index, config in enumerate(C.gemm_configs(dtype_name)):
-        tile_m, _ = C.gemm_config(dtype_name, M, N, K, index)
+    for index, config in enumerate(C.gemm_configs(dtype_name, split)):
+        tile_m, _ = C.gemm_config(dtype_name, M, N, K, index, split)
         partials = torch.empty(2, -(-M // tile_m), N, device="cuda")
         shape = f"{config['tile_m']}x{config['tile_n']}x{config['tile_k']} c{config['cluster_m']}x{config['cluster_n']}"
         shape += f" epi{config['epilogue_n'] or 'auto'}" + (" pingpong" if config['pingpong'] else "")
@@ -50,20 +58,20 @@ def sweep(M: int, K: int, N: int, dtype_name: str, rasters, swizzles, timer: Tim
             for swizzle in swizzles:
                 def launch(index=index, raster=raster, swizzle=swizzle, partials=partials):
                     C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, stream,
-                                       config=index, raster=raster, swizzle=swizzle)
-                candidates.append(({"dtype": dtype_name, "provider": "gemmbn", "row": index, "config": shape,
+                                       config=index, raster=raster, swizzle=swizzle, **split_args)
+                candidates.append(({"dtype": name, "provider": "gemmbn", "row": index, "config": shape,
                                     "raster": raster, "swizzle": swizzle}, launch))
-    def with_tf32(fn):  # float32 -> TF32 cuBLAS, as the fused kernel; bf16/fp16 unaffected
+    def with_tf32(fn):  # float32 -> TF32 cuBLAS as the TF32 kernel, IEEE for split; bf16/fp16 unaffected
         def call():
             previous = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cuda.matmul.allow_tf32 = not split
             try:
                 return fn()
             finally:
                 torch.backends.cuda.matmul.allow_tf32 = previous
         return call
-    for name, fn in (("cublas mm", lambda: torch.mm(x, w.t())), ("cublas addmm", lambda: torch.addmm(b, x, w.t()))):
-        candidates.append(({"dtype": dtype_name, "provider": name, "row": "", "config": "", "raster": "",
+    for provider, fn in (("cublas mm", lambda: torch.mm(x, w.t())), ("cublas addmm", lambda: torch.addmm(b, x, w.t()))):
+        candidates.append(({"dtype": name, "provider": provider, "row": "", "config": "", "raster": "",
                             "swizzle": ""}, with_tf32(fn)))
     # Interleaved rounds: clock drift under sustained load falls on every candidate alike.
     times = timer.interleaved([fn for _, fn in candidates])
@@ -77,7 +85,7 @@ def sweep(M: int, K: int, N: int, dtype_name: str, rasters, swizzles, timer: Tim
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
-    parser.add_argument("--dtypes", default="float32,bfloat16,float16")
+    parser.add_argument("--dtypes", default="float32,bfloat16,float16,split")
     parser.add_argument("--rasters", default="0,1,2")
     parser.add_argument("--swizzles", default="1,2,4,8")
     parser.add_argument("--iters", type=int, default=20)
@@ -91,11 +99,11 @@ def main() -> None:
     timer = Timer(torch.device("cuda"), args.iters, warmup=3)
     print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N}  median of {args.iters}, L2 flushed, ms")
     rows = []
-    for dtype_name in args.dtypes.split(","):
-        found = sweep(M, K, N, dtype_name, rasters, swizzles, timer)
+    for name in args.dtypes.split(","):
+        found = sweep(M, K, N, name, rasters, swizzles, timer)
         rows += found
         cublas = min(r["median_ms"] for r in found if r["provider"].startswith("cublas"))
-        print(f"\n{dtype_name}: fastest first (ratio to the faster cuBLAS call)")
+        print(f"\n{name}: fastest first (ratio to the faster cuBLAS call)")
         for r in sorted(found, key=lambda r: r["median_ms"]):
             label = f"row {r['row']} {r['config']} raster {r['raster']} swizzle {r['swizzle']}" if r["provider"] == "gemmbn" else r["provider"]
             print(f"  {r['median_ms']:8.3f} ms {r['tflops']:6.0f} TFLOP/s {r['median_ms'] / cublas:6.3f}x  {label}")
