@@ -44,6 +44,8 @@ inline constexpr TileConfig kTf32Configs[] = {
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
+    {256, 128, 64, 1, 2, 32, 0, 0, 8},  // 1: candidate: cooperative 256x128 (cuBLAS nvjet's bf16 tile), 1x2 cluster
+    {128, 256, 64, 2, 1, 32, 0, 0, 8},  // 2: candidate: cooperative 128x256, 2x1 cluster (shared/measurements.md's probe)
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the k-tile and fp32 accumulators take 128 registers per
