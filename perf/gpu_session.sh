@@ -14,12 +14,18 @@
 #   bench             perf/bench.py at the KernelBench shape, every provider
 #   main-job          python -m gemmbn
 # With a carried python/gemmbn/_C*.so the build is skipped and PYTHONPATH=python uses it.
+# GEMMBN_SESSION_SECONDS (default 560) caps the whole call: each step's own time limit shrinks to what
+# is left, and a step with under 20 s left is skipped, so the logs are archived before the device
+# tool's 600 s limit kills the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source perf/session_lib.sh
 session_begin "${1:?usage: bash perf/gpu_session.sh OUT_DIR [STEP ...]}" session
 shift
 steps=${*:-build smoke tests tune tune-short finish-bandwidth breakdown bench main-job}
+deadline=$(( $(date +%s) + ${GEMMBN_SESSION_SECONDS:-560} ))
+# limit SECONDS: the step's limit, or what is left of the call (less a margin for the archive).
+limit() { local left=$(( deadline - $(date +%s) - 10 )); echo $(( left < $1 ? left : $1 )); }
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 if ls python/gemmbn/_C*.so >/dev/null 2>&1; then
@@ -29,6 +35,7 @@ if ls python/gemmbn/_C*.so >/dev/null 2>&1; then
   steps=${steps//build/}
 fi
 for name in $steps; do
+  if (( $(limit 20) < 20 )); then echo "== $name skipped: the call's time is up"; continue; fi
   step "$name"
   case $name in
     build)
@@ -36,26 +43,26 @@ for name in $steps; do
       grep "stack frame" "$out/ptxas.txt" | sort | uniq -c
       (cd /tmp && cp "$(python3 -c 'import gemmbn._C as c; print(c.__file__)')" "$archive_dir/") ;;
     smoke)
-      timeout 150 python3 -m pytest -x -q -rs tests/test_native_gpu.py -k "split or every_configuration_row" 2>&1 \
+      timeout $(limit 150) python3 -m pytest -x -q -rs tests/test_native_gpu.py -k "split or every_configuration_row" 2>&1 \
         | tee "$out/smoke.log" | tail -15 ;;
     tests)
-      timeout 420 python3 -m pytest -q -rs tests/test_native_gpu.py tests/test_fused_gpu.py 2>&1 \
+      timeout $(limit 420) python3 -m pytest -q -rs tests/test_native_gpu.py tests/test_fused_gpu.py 2>&1 \
         | tee "$out/tests.log" | tail -25 ;;
     tune)
-      timeout 150 python3 perf/tune_gemm.py --out "$out/tune.csv" 2>&1 | tee "$out/tune.txt" \
+      timeout $(limit 150) python3 perf/tune_gemm.py --out "$out/tune.csv" 2>&1 | tee "$out/tune.txt" \
         | awk '/:/{c=0} {c++; if (c<=10) print}' ;;
     tune-short)
-      timeout 120 python3 perf/tune_gemm.py --size 1024 8192 8192 --swizzles 1,8 --out "$out/tune_short.csv" 2>&1 \
+      timeout $(limit 120) python3 perf/tune_gemm.py --size 1024 8192 8192 --swizzles 1,8 --out "$out/tune_short.csv" 2>&1 \
         | tee "$out/tune_short.txt" | awk '/:/{c=0} {c++; if (c<=8) print}' ;;
     finish-bandwidth)
-      timeout 60 python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt" ;;
+      timeout $(limit 60) python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt" ;;
     breakdown)
-      timeout 90 python3 perf/breakdown.py 2>&1 | tee "$out/breakdown.txt" | tail -6 ;;
+      timeout $(limit 90) python3 perf/breakdown.py 2>&1 | tee "$out/breakdown.txt" | tail -6 ;;
     bench)
-      timeout 300 python3 perf/bench.py --set kernelbench --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only \
+      timeout $(limit 300) python3 perf/bench.py --set kernelbench --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only \
         --out "$out/bench.csv" 2>&1 | tee "$out/bench.txt" | grep "^|" ;;
     main-job)
-      timeout 200 python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25 ;;
+      timeout $(limit 200) python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25 ;;
     *) echo "unknown step '$name'" ;;
   esac
 done
