@@ -159,8 +159,9 @@ NB_MODULE(_C, m) {
   m.def("gemm_configs", [](const std::string& dtype, bool split) {
     const gemmbn::GemmOperands operands = parse_operands(dtype, split);
     std::vector<std::map<std::string, int>> rows;
-    static const char* names[gemmbn::kConfigFields] = {"tile_m",     "tile_n",   "tile_k", "cluster_m", "cluster_n",
-                                                       "epilogue_n", "pingpong", "raster", "swizzle",   "partial_rows"};
+    static const char* names[gemmbn::kConfigFields] = {
+        "tile_m", "tile_n",  "tile_k",      "cluster_m", "cluster_n", "epilogue_n",
+        "pingpong", "raster", "swizzle", "scale_tiles", "turns",     "partial_rows"};
     for (int i = 0; i < gemmbn::gemm_config_count(operands); ++i) {
       int row[gemmbn::kConfigFields];
       gemmbn::gemm_config_row(operands, i, 1, 1, 1, row);

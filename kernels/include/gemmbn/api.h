@@ -76,9 +76,10 @@ inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) {
 // The number of rows in the operands' configuration table (kernels/include/gemmbn/configs.h).
 int gemm_config_count(GemmOperands operands);
 // Row `config` of the table (config < 0: the row picked for the problem), as
-// {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, partial_rows};
-// partial_rows is the number of rows per statistics partial. False if config is out of range.
-inline constexpr int kConfigFields = 10;
+// {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, scale_tiles, turns,
+// partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if config is
+// out of range.
+inline constexpr int kConfigFields = 12;
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields]);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 

@@ -30,7 +30,8 @@ using OperandElement = cute::conditional_t<Operands == GemmOperands::bf16, cutla
                                            cute::conditional_t<Operands == GemmOperands::f16, cutlass::half_t, float>>;
 
 // CUTLASS's own mainloop for native operands, sized to the shared memory the epilogue leaves.
-template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, bool Split>
+template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, bool Split,
+          int ScaleTiles, int Turns>
 struct MainloopFor {
   static constexpr int kAlignment = 16 / sizeof(Element);
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -42,15 +43,17 @@ struct MainloopFor {
 };
 // The split mainloop: as many stages as fit beside the epilogue (less 2 KB for the kernel's barriers,
 // scheduler storage and the 1024-byte alignment of the stages).
-template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes>
-struct MainloopFor<Element, TileShape, ClusterShape, KernelSchedule, EpilogueBytes, true> {
+template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, int ScaleTiles,
+          int Turns>
+struct MainloopFor<Element, TileShape, ClusterShape, KernelSchedule, EpilogueBytes, true, ScaleTiles, Turns> {
   static constexpr int kTileN = cute::size<1>(TileShape{});
   using Probe = mainloop::SplitF16x3Mainloop<2, ClusterShape, kTileN>;
   static constexpr int kStages =
       (cutlass::gemm::collective::detail::sm90_smem_capacity_bytes - EpilogueBytes - 2048) /
       (Probe::kStageBytes + int(sizeof(typename Probe::PipelineStorage)) / 2);
   static_assert(cute::is_same_v<TileShape, typename Probe::TileShape>, "split rows: 128 x N x split::kTileK tiles");
-  using type = mainloop::SplitF16x3Mainloop<kStages, ClusterShape, kTileN>;
+  static_assert(kStages >= 2 * ScaleTiles, "stages for the current and the next scale group");
+  using type = mainloop::SplitF16x3Mainloop<kStages, ClusterShape, kTileN, ScaleTiles, Turns != 0>;
 };
 
 template <GemmOperands Operands, int Index>
@@ -100,7 +103,8 @@ struct GemmScaleStatsKernel {
   static_assert(!kSplit || kConfig.pingpong == 0, "the split mainloop is written for the cooperative kernel");
   using CollectiveMainloop =
       typename MainloopFor<Element, TileShape, ClusterShape, KernelSchedule,
-                           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)), kSplit>::type;
+                           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)), kSplit,
+                           kConfig.scale_tiles, kConfig.turns>::type;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                       CollectiveEpilogue>;

@@ -42,11 +42,17 @@ struct SplitF16x3Arguments {
   cutlass::half_t const* w_split = nullptr;   // [N, split::split_columns(K)] from split_weight
 };
 
-template <int Stages, class ClusterShape_, int TileN>
+// ScaleTiles: k-tiles per x scale and fp32 promotion (1 or 2); Turns: the consumer warpgroups take
+// turns issuing their wgmmas (named barriers kTurnBarrier0/1).
+template <int Stages, class ClusterShape_, int TileN, int ScaleTiles = 1, bool Turns = false>
 struct SplitF16x3Mainloop {
   static constexpr int kTileM = 128;  // two consumer warpgroups of 64 rows
   static constexpr int kTileK = split::kTileK;
   static constexpr int kThreads = 256;
+  static constexpr int kScaleTiles = ScaleTiles;
+  static constexpr bool kTurns = Turns;
+  static constexpr uint32_t kTurnBarrier0 = 0, kTurnBarrier1 = 1;  // user ids (after CUTLASS's reserved ones)
+  static_assert(ScaleTiles == 1 || ScaleTiles == 2, "one or two k-tiles per scale group");
 
   // --- what CUTLASS's kernel and adapter read ---------------------------------------------------
   using TileShape = Shape<Int<kTileM>, Int<TileN>, Int<kTileK>>;
@@ -196,10 +202,10 @@ struct SplitF16x3Mainloop {
   }
 
   // A fragment (value, m, slice) stored as value + 8 slice, so two fp16 values share a 32-bit register.
-  template <class FragmentLayout>
+  template <int Slices, class FragmentLayout>
   static constexpr bool slices_follow_values(FragmentLayout layout) {
-    if (size<0>(layout) != 8 || size<1>(layout) != 1 || size<2>(layout) != split::kSlices) return false;
-    for (int s = 0; s < split::kSlices; ++s) {
+    if (size<0>(layout) != 8 || size<1>(layout) != 1 || size<2>(layout) != Slices) return false;
+    for (int s = 0; s < Slices; ++s) {
       for (int v = 0; v < 8; ++v) {
         if (layout(v, 0, s) != v + 8 * s) return false;
       }
@@ -214,17 +220,19 @@ struct SplitF16x3Mainloop {
     return v;
   }
 
-  // One k-tile of x in registers: fp16 hi and lo A fragments for both slices, and each row's unscale.
+  // One scale group of x (kScaleTiles k-tiles) in registers: fp16 hi and lo A fragments of its slices,
+  // and each row's unscale.
   template <class Fragment>
-  struct SplitTile {
+  struct SplitGroup {
     Fragment hi, lo;
     float unscale[2];  // rows g, g + 8
   };
 
-  // Consumer: y-tile accumulators in `accum` (fp32, the epilogue's), one k-tile at a time.
+  // Consumer: y-tile accumulators in `accum` (fp32, the epilogue's), one scale group at a time.
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
                           int k_tile_count, int thread_idx, TensorStorage& storage, Params const&) {
+    constexpr int kGroupSlices = kScaleTiles * split::kSlices;
     TiledMma tiled_mma;
     const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
     auto warp_group_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
@@ -232,109 +240,150 @@ struct SplitF16x3Mainloop {
     Tensor tCrW = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sW));  // (MMA, N, 4 slices, PIPE)
     auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
     auto a_shape = make_tensor(make_smem_ptr(static_cast<cutlass::half_t const*>(nullptr)),
-                               Layout<Shape<Int<kTileM>, Int<kTileK>>>{});
-    using Fragment = decltype(thread_mma.partition_fragment_A(a_shape));  // (MMA, 1, 2 slices)
-    SplitTile<Fragment> tile_a{thread_mma.partition_fragment_A(a_shape), thread_mma.partition_fragment_A(a_shape)};
-    SplitTile<Fragment> tile_b{thread_mma.partition_fragment_A(a_shape), thread_mma.partition_fragment_A(a_shape)};
-    Tensor acc_tile = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-    static_assert(decltype(size(acc_tile))::value == decltype(size(accum))::value, "accumulator layouts");
+                               Layout<Shape<Int<kTileM>, Int<kScaleTiles * kTileK>>>{});
+    using Fragment = decltype(thread_mma.partition_fragment_A(a_shape));  // (MMA, 1, group slices)
+    static_assert(slices_follow_values<kGroupSlices>(typename Fragment::layout_type{}), "A fragment layout");
+    SplitGroup<Fragment> group_a{thread_mma.partition_fragment_A(a_shape), thread_mma.partition_fragment_A(a_shape)};
+    SplitGroup<Fragment> group_b{thread_mma.partition_fragment_A(a_shape), thread_mma.partition_fragment_A(a_shape)};
+    Tensor acc_group = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+    static_assert(decltype(size(acc_group))::value == decltype(size(accum))::value, "accumulator layouts");
 
     const int lane = thread_idx % cutlass::NumThreadsPerWarp;
     const int row = 16 * (thread_idx / cutlass::NumThreadsPerWarp) + lane / 4;  // row g of this lane in the tile
     const int quad = lane % 4;
     float const* smem_x = storage.x.data();
-    static_assert(slices_follow_values(typename Fragment::layout_type{}), "A fragment: 8 values per slice, slices after");
 
-    // x's k-tile in `stage` -> per row: max |x| over the quad (the row's 32 columns), scale, split.
-    auto split_stage = [&](int stage, auto& out) {
-      float4 v[split::kSlices][2];
+    // The group's `tiles` k-tiles from stage `first` on (waited for here) -> per row: max |x| over the
+    // quad (the row's columns of the group), scale, split. Slices of absent tiles are left alone.
+    auto split_group = [&](PipelineState first, int tiles, auto& out) {
+      float4 v[kScaleTiles][split::kSlices][2];
       CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < split::kSlices; ++s) {
-        float const* half = smem_x + (split::kSlices * stage + s) * kTileM * split::kSliceK;
+      for (int t = 0; t < kScaleTiles; ++t) {
+        if (t < tiles) pipeline.consumer_wait(first);
         CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          v[s][r] = load_shared_float4(half + (row + 8 * r) * split::kSliceK + 4 * quad);
+        for (int s = 0; s < split::kSlices; ++s) {
+          float const* half = smem_x + (split::kSlices * first.index() + s) * kTileM * split::kSliceK;
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            v[t][s][r] = t < tiles ? load_shared_float4(half + (row + 8 * r) * split::kSliceK + 4 * quad)
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+          }
         }
+        ++first;
       }
       float scale[2];
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         float m = 0.f;
         CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < split::kSlices; ++s) {
-          m = fmaxf(m, fmaxf(fmaxf(fabsf(v[s][r].x), fabsf(v[s][r].y)), fmaxf(fabsf(v[s][r].z), fabsf(v[s][r].w))));
+        for (int t = 0; t < kScaleTiles; ++t) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int s = 0; s < split::kSlices; ++s) {
+            const float4 q = v[t][s][r];
+            m = fmaxf(m, fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
+          }
         }
         m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
         split::pow2_scale(m, scale[r], out.unscale[r]);
       }
-      // Register 4 s + j holds values 2j, 2j + 1 of slice s (slices_follow_values).
+      // Register 4 slice + j holds values 2j, 2j + 1 of the slice (slices_follow_values).
       uint32_t* hi = reinterpret_cast<uint32_t*>(raw_pointer_cast(out.hi.data()));
       uint32_t* lo = reinterpret_cast<uint32_t*>(raw_pointer_cast(out.lo.data()));
       CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < split::kSlices; ++s) {
+      for (int t = 0; t < kScaleTiles; ++t) {
         CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const float4 xs = make_float4(v[s][r].x * scale[r], v[s][r].y * scale[r], v[s][r].z * scale[r],
-                                        v[s][r].w * scale[r]);
-          // Registers: 0 (row g, positions 2q, 2q+1), 1 (row g+8, same), 2 (row g, 2q+8, 2q+9), 3 (row g+8).
-          split::split_pair(xs.x, xs.y, hi[4 * s + r], lo[4 * s + r]);
-          split::split_pair(xs.z, xs.w, hi[4 * s + 2 + r], lo[4 * s + 2 + r]);
+        for (int s = 0; s < split::kSlices; ++s) {
+          const int slice = split::kSlices * t + s;
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const float4 q = v[t][s][r];
+            const float4 xs = make_float4(q.x * scale[r], q.y * scale[r], q.z * scale[r], q.w * scale[r]);
+            // Registers: 0 (row g, positions 2q, 2q+1), 1 (row g+8, same), 2 (row g, 2q+8, 2q+9), 3 (row g+8).
+            split::split_pair(xs.x, xs.y, hi[4 * slice + r], lo[4 * slice + r]);
+            split::split_pair(xs.z, xs.w, hi[4 * slice + 2 + r], lo[4 * slice + 2 + r]);
+          }
         }
       }
     };
 
-    // acc_tile = sum over the stage's k-tile of xh wh + xl wh + xh wl.
-    auto issue_wgmmas = [&](int stage, auto const& in) {
-      warpgroup_fence_operand(acc_tile);
+    // acc_group = sum over the group's Tiles k-tiles (from stage `first`) of xh wh + xl wh + xh wl.
+    auto issue_wgmmas = [&](PipelineState first, auto tiles, auto const& in) {
+      warpgroup_fence_operand(acc_group);
       warpgroup_arrive();
       tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
       CUTLASS_PRAGMA_UNROLL
-      for (int s = 0; s < split::kSlices; ++s) {
-        cute::gemm(tiled_mma, in.hi(_, _, s), tCrW(_, _, s, stage), acc_tile);
-        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-        cute::gemm(tiled_mma, in.lo(_, _, s), tCrW(_, _, s, stage), acc_tile);
-        cute::gemm(tiled_mma, in.hi(_, _, s), tCrW(_, _, split::kSlices + s, stage), acc_tile);
+      for (int t = 0; t < decltype(tiles)::value; ++t) {
+        const int stage = first.index();
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = 0; s < split::kSlices; ++s) {
+          const int slice = split::kSlices * t + s;
+          cute::gemm(tiled_mma, in.hi(_, _, slice), tCrW(_, _, s, stage), acc_group);
+          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+          cute::gemm(tiled_mma, in.lo(_, _, slice), tCrW(_, _, s, stage), acc_group);
+          cute::gemm(tiled_mma, in.hi(_, _, slice), tCrW(_, _, split::kSlices + s, stage), acc_group);
+        }
+        ++first;
       }
       warpgroup_commit_batch();
-      warpgroup_fence_operand(acc_tile);
+      warpgroup_fence_operand(acc_group);
     };
 
-    // accum += acc_tile 2^-a[row]; value i of the 64x128 C fragment sits on row g + 8 ((i / 2) % 2).
+    // accum += acc_group 2^-a[row]; value i of the 64xN C fragment sits on row g + 8 ((i / 2) % 2).
     auto promote = [&](auto const& in) {
       warpgroup_fence_operand(accum);
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) accum(i) = fmaf(acc_tile(i), in.unscale[(i >> 1) & 1], accum(i));
+      for (int i = 0; i < size(accum); ++i) accum(i) = fmaf(acc_group(i), in.unscale[(i >> 1) & 1], accum(i));
       warpgroup_fence_operand(accum);
     };
 
-    // One k-tile: its wgmmas, the next tile's split behind them, then wait, release, promote.
-    auto step = [&](auto const& current, auto& next) {
-      const int stage = smem_pipe_read.index();
-      issue_wgmmas(stage, current);
-      if (k_tile_count > 1) {
-        PipelineState next_read = smem_pipe_read;
-        ++next_read;
-        pipeline.consumer_wait(next_read);
-        split_stage(next_read.index(), next);
+    // Turns (kTurns): the warpgroups issue their groups' wgmmas alternately, warpgroup 0 first, so the
+    // tensor cores finish one warpgroup's group while the other's waits, and each warpgroup's wait and
+    // promotion fall behind the other's wgmmas instead of both at once.
+    bool first_group = true;
+    auto take_turn = [&] {
+      if constexpr (kTurns) {
+        if (warp_group == 1) cutlass::arch::NamedBarrier::sync(kThreads, kTurnBarrier0);
+        else if (!first_group) cutlass::arch::NamedBarrier::sync(kThreads, kTurnBarrier1);
       }
+    };
+    auto pass_turn = [&](bool last_group) {
+      if constexpr (kTurns) {
+        if (warp_group == 0) cutlass::arch::NamedBarrier::arrive(kThreads, kTurnBarrier0);
+        else if (!last_group) cutlass::arch::NamedBarrier::arrive(kThreads, kTurnBarrier1);
+      }
+    };
+
+    // One group: its wgmmas, the next group's split behind them, then wait, release, promote.
+    auto step = [&](auto const& current, auto& next) {
+      const int tiles = k_tile_count < kScaleTiles ? k_tile_count : kScaleTiles;
+      take_turn();
+      if (tiles == kScaleTiles) issue_wgmmas(smem_pipe_read, Int<kScaleTiles>{}, current);
+      else issue_wgmmas(smem_pipe_read, Int<1>{}, current);  // kScaleTiles <= 2: a short last group has one
+      pass_turn(k_tile_count == tiles);
+      first_group = false;
+      PipelineState next_read = smem_pipe_read;
+      next_read.advance(tiles);
+      const int remaining = k_tile_count - tiles;
+      if (remaining > 0) split_group(next_read, remaining < kScaleTiles ? remaining : kScaleTiles, next);
       warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_tile);
-      pipeline.consumer_release(smem_pipe_read);
-      ++smem_pipe_read;
+      warpgroup_fence_operand(acc_group);
+      for (int t = 0; t < tiles; ++t) {
+        pipeline.consumer_release(smem_pipe_read);
+        ++smem_pipe_read;
+      }
       promote(current);
-      --k_tile_count;
+      k_tile_count = remaining;
     };
 
     clear(accum);
     if (k_tile_count <= 0) return;
-    pipeline.consumer_wait(smem_pipe_read);
-    split_stage(smem_pipe_read.index(), tile_a);
+    split_group(smem_pipe_read, k_tile_count < kScaleTiles ? k_tile_count : kScaleTiles, group_a);
     CUTLASS_PRAGMA_NO_UNROLL
-    while (k_tile_count > 0) {  // two k-tiles per trip, so the register buffers have fixed names
-      step(tile_a, tile_b);
+    while (k_tile_count > 0) {  // two groups per trip, so the register buffers have fixed names
+      step(group_a, group_b);
       if (k_tile_count == 0) break;
-      step(tile_b, tile_a);
+      step(group_b, group_a);
     }
   }
 
