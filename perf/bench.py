@@ -263,9 +263,8 @@ def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config:
         note = "gemm_scale_stats without the statistics node: y = (xW^T + b) s"
         split = {}
         if config.name == "fp32":  # the fp32-faithful GEMM; its weight split once, untimed (as the module caches it)
-            weight_split, weight_unscale = weight_cache.split_weight(w, stream)
-            split = {"weight_split": weight_split, "weight_unscale": weight_unscale}
-            note += ", split fp32 GEMM"
+            split = weight_cache.split_gemm_arguments(w, x.shape[0], stream)
+            note += ", split fp32 GEMM (row_scales + GEMM)"
         return (lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream, **split)), note
     raise ValueError(provider)
 

@@ -50,8 +50,7 @@ def breakdown(M: int, K: int, N: int, dtype: torch.dtype, precision: str, iters:
     stream = torch.cuda.current_stream().cuda_stream
     extra = {}
     if split:
-        weight_split, weight_unscale = weight_cache.split_weight(w, stream)
-        extra = {"weight_split": weight_split, "weight_unscale": weight_unscale}
+        extra = weight_cache.split_gemm_arguments(w, M, stream)
     rm, rv = model.bn.running_mean, model.bn.running_var
     gamma, beta = model.bn.weight.detach(), model.bn.bias.detach()
     times = {

@@ -13,6 +13,7 @@
 #   breakdown         each launch alone
 #   bench             perf/bench.py at the KernelBench shape, every provider
 #   main-job          python -m gemmbn
+#   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 # With a carried python/gemmbn/_C*.so the build is skipped and PYTHONPATH=python uses it.
 # GEMMBN_SESSION_SECONDS (default 560) caps the whole call: each step's own time limit shrinks to what
 # is left, and a step with under 20 s left is skipped, so the logs are archived before the device
@@ -63,6 +64,10 @@ for name in $steps; do
         --out "$out/bench.csv" 2>&1 | tee "$out/bench.txt" | grep "^|" ;;
     main-job)
       timeout $(limit 200) python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25 ;;
+    profile-split)
+      timeout $(limit 240) bash perf/ncu/profile.sh "$out/ncu" --split > "$out/ncu.log" 2>&1
+      rm -f "$out"/ncu/*.ncu-rep  # the text pages come back; the reports are too large
+      grep -E "Duration|Throughput|Registers|Theoretical Occupancy" "$out/ncu/gemm.details.txt" | head -30 ;;
     *) echo "unknown step '$name'" ;;
   esac
 done

@@ -45,9 +45,8 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, timer: Timer) ->
     stream = torch.cuda.current_stream().cuda_stream
     flops = 2 * M * N * K
     split_args = {}
-    if split:  # made once, untimed: the module caches it per weight version
-        weight_split, weight_unscale = weight_cache.split_weight(w, stream)
-        split_args = {"weight_split": weight_split, "weight_unscale": weight_unscale}
+    if split:  # the weight split once, untimed: the module caches it per weight version
+        split_args = weight_cache.split_gemm_arguments(w, M, stream)
     candidates = []  # (row dict, fn)
     for index, config in enumerate(C.gemm_configs(dtype_name, split)):
         tile_m, _ = C.gemm_config(dtype_name, M, N, K, index, split)

@@ -8,7 +8,7 @@ _C = pytest.importorskip("gemmbn._C", reason="the native extension is not built"
 TABLES = [("float32", False), ("bfloat16", False), ("float16", False), ("float32", True)]
 TABLE_IDS = ["tf32", "bf16", "fp16", "split"]
 FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster", "swizzle",
-          "scale_tiles", "turns", "partial_rows"}
+          "promote_tiles", "partial_rows"}
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -27,12 +27,11 @@ def test_every_row_is_a_valid_configuration(dtype, split):
         assert row["raster"] in (0, 1, 2) and row["swizzle"] in (1, 2, 4, 8)
         assert row["epilogue_n"] == 0 or row["tile_n"] % row["epilogue_n"] == 0
         if split:
-            # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only,
-            # one or two k-tiles per x scale.
+            # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only.
             assert (row["tile_m"], row["tile_n"], row["tile_k"], row["pingpong"], row["cluster_n"]) == (128, 128, 32, 0, 1)
-            assert row["scale_tiles"] in (1, 2) and row["turns"] in (0, 1)
+            assert row["promote_tiles"] >= 1
         else:
-            assert (row["scale_tiles"], row["turns"]) == (1, 0)
+            assert row["promote_tiles"] == 1
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -50,9 +49,11 @@ def test_split_is_float32_only():
         _C.gemm_configs("bfloat16", True)
 
 
-def test_split_weight_columns():
+def test_split_workspace_sizes():
     # Per 32-column k-tile: 32 hi parts, then 32 lo parts; K rounds up to whole k-tiles.
     assert [_C.split_weight_columns(K) for K in (4, 32, 36, 4096)] == [64, 64, 128, 8192]
+    # x's row scales: whole 128-row tiles.
+    assert [_C.row_scale_count(M) for M in (1, 128, 129, 16384)] == [128, 128, 256, 16384]
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)

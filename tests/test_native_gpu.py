@@ -74,9 +74,13 @@ def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swiz
     y = torch.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
     pm = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
     pm2 = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
-    weight_split, weight_unscale = _split_operands(w) if split else (None, None)
+    operands = {}
+    if split:
+        weight_split, weight_unscale = _split_operands(w)
+        x_scale = torch.full((_C.row_scale_count(M),), float("nan"), device="cuda")
+        operands = {"weight_split": weight_split, "weight_unscale": weight_unscale, "x_scale": x_scale}
     _C.gemm_scale_stats(x, w, y, b, s, gain, shift, pm, pm2, counter, _stream(), config=config, raster=raster,
-                        swizzle=swizzle, weight_split=weight_split, weight_unscale=weight_unscale)
+                        swizzle=swizzle, **operands)
     return y, pm, pm2, tile_m
 
 
@@ -304,10 +308,13 @@ def _hard_inputs(kind, M, K, g):
     if kind == "rows 1e-30..1e30":  # each row its own magnitude, far outside fp16's range
         rows = 10.0 ** torch.empty(M, 1, device="cuda").uniform_(-30, 30, generator=g)
         return torch.rand(M, K, device="cuda", generator=g) * rows
+    if kind == "columns 1e-6..1e6":  # within each row, 32-column blocks of very different size
+        blocks = 10.0 ** torch.empty(1, K // 32, 1, device="cuda").uniform_(-6, 6, generator=g)
+        return (torch.randn(M, K // 32, 32, device="cuda", generator=g) * blocks).reshape(M, K)
     raise ValueError(kind)
 
 
-HARD_KINDS = ["log-uniform 1e-3..1e3", "mean 100, std 1", "rows 1e-30..1e30"]
+HARD_KINDS = ["log-uniform 1e-3..1e3", "mean 100, std 1", "rows 1e-30..1e30", "columns 1e-6..1e6"]
 
 
 def _row_relative_error(y, y64):
@@ -340,15 +347,21 @@ def test_split_arguments_are_checked():
     x, w, b, s = _problem(64, 64, 64, torch.float32)
     y = torch.full((64, 64), float("nan"), device="cuda")
     weight_split, weight_unscale = _split_operands(w)
+    x_scale = torch.empty(_C.row_scale_count(64), device="cuda")
     with pytest.raises(ValueError, match="go together"):
-        _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), weight_split=weight_split)
+        _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), weight_split=weight_split,
+                            weight_unscale=weight_unscale)
     with pytest.raises(ValueError, match="weight_split must have shape"):
         _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(),
-                            weight_split=weight_split[:, :64].contiguous(), weight_unscale=weight_unscale)
+                            weight_split=weight_split[:, :64].contiguous(), weight_unscale=weight_unscale,
+                            x_scale=x_scale)
+    with pytest.raises(ValueError, match="x_scale must have shape"):
+        _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), weight_split=weight_split,
+                            weight_unscale=weight_unscale, x_scale=x_scale[:64].contiguous())
     with pytest.raises(ValueError, match="float32"):
         xh, wh, yh = x.half(), w.half(), y.half()
         _C.gemm_scale_stats(xh, wh, yh, b.half(), s.half(), None, None, None, None, None, _stream(),
-                            weight_split=weight_split, weight_unscale=weight_unscale)
+                            weight_split=weight_split, weight_unscale=weight_unscale, x_scale=x_scale)
     with pytest.raises(ValueError, match="weight_split must be float16"):
         _C.split_weight(w, weight_split.float(), weight_unscale, _stream())
     torch.cuda.synchronize()

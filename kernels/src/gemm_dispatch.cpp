@@ -37,8 +37,8 @@ bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int
   if (config < 0) config = select_config(operands, M, N, K);
   if (config < 0 || config >= config_count(operands)) return false;
   const TileConfig& c = config_at(operands, config);
-  const int row[kConfigFields] = {c.tile_m,  c.tile_n,      c.tile_k, c.cluster_m, c.cluster_n,   c.epilogue_n,
-                                  c.pingpong, c.raster, c.swizzle, c.scale_tiles, c.turns, partial_rows(c)};
+  const int row[kConfigFields] = {c.tile_m,   c.tile_n, c.tile_k,  c.cluster_m,     c.cluster_n,
+                                  c.epilogue_n, c.pingpong, c.raster, c.swizzle, c.promote_tiles, partial_rows(c)};
   for (int i = 0; i < kConfigFields; ++i) out[i] = row[i];
   return true;
 }
@@ -67,13 +67,15 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   if (args.N % vector != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype (TMA rows)");
   const GemmOperands operands = gemm_operands(args);
   const bool split = operands == GemmOperands::f32_split;
-  if ((args.weight_split == nullptr) != (args.weight_unscale == nullptr)) {
-    return Status::invalid("weight_split and weight_unscale go together");
+  if ((args.weight_split == nullptr) != (args.weight_unscale == nullptr) ||
+      (args.weight_split == nullptr) != (args.x_scale == nullptr)) {
+    return Status::invalid("weight_split, weight_unscale and x_scale go together");
   }
   if (args.weight_split && args.dtype != DType::f32) return Status::invalid("the split GEMM takes float32 x");
   if (!args.x || !(split || args.weight) || !args.y) return Status::invalid("x, weight and y must not be null");
-  for (const void* p : {args.x, args.weight, args.weight_split, static_cast<const void*>(args.y), args.bias,
-                        args.scale, static_cast<const void*>(args.gain), static_cast<const void*>(args.shift)}) {
+  for (const void* p : {args.x, args.weight, args.weight_split, static_cast<const void*>(args.x_scale),
+                        static_cast<const void*>(args.y), args.bias, args.scale, static_cast<const void*>(args.gain),
+                        static_cast<const void*>(args.shift)}) {
     if (p && !aligned16(p)) return Status::invalid("every array must start on a 16-byte boundary");
   }
   if ((args.partial_mean == nullptr) != (args.partial_m2 == nullptr)) {
@@ -89,7 +91,12 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
     case GemmOperands::tf32: return run_row<GemmOperands::tf32>(row, args, stream);
     case GemmOperands::bf16: return run_row<GemmOperands::bf16>(row, args, stream);
     case GemmOperands::f16: return run_row<GemmOperands::f16>(row, args, stream);
-    case GemmOperands::f32_split: return run_row<GemmOperands::f32_split>(row, args, stream);
+    case GemmOperands::f32_split: {
+      // x's per-row scales first: the split mainloop reads them with each stage.
+      const Status scaled = row_scales({static_cast<const float*>(args.x), args.M, args.K, args.x_scale}, stream);
+      if (!scaled) return scaled;
+      return run_row<GemmOperands::f32_split>(row, args, stream);
+    }
   }
   return Status::invalid("unknown operand types");
 }

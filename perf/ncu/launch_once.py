@@ -1,6 +1,9 @@
 """Launch each native kernel once at a given size, for Nsight Compute to profile.
 
-    python perf/ncu/launch_once.py [--dtype float32|bfloat16|float16] [--size M K N] [--no-stats]
+    python perf/ncu/launch_once.py [--dtype float32|bfloat16|float16] [--split] [--size M K N] [--no-stats]
+
+--split: the fp32-faithful split GEMM (float32 data; its weight split first, by its own kernel; the
+GEMM launch runs row_scales, then the GEMM: ncu's kernel filter picks the GEMM).
 """
 
 import argparse
@@ -8,13 +11,16 @@ import math
 
 import torch
 
-from gemmbn import _native
+from gemmbn import _native, weight_cache
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
 parser.add_argument("--no-stats", action="store_true", help="GEMM without the statistics node")
+parser.add_argument("--split", action="store_true", help="the fp32-faithful split GEMM (float32 only)")
 args = parser.parse_args()
+if args.split and args.dtype != "float32":
+    parser.error("--split takes float32 data")
 
 C = _native.extension()
 dtype = getattr(torch, args.dtype)
@@ -23,13 +29,16 @@ x = torch.rand(M, K, device="cuda").to(dtype)
 w = ((torch.rand(N, K, device="cuda") * 2 - 1) / math.sqrt(K)).to(dtype)
 b, s = torch.randn(N, device="cuda").to(dtype), torch.randn(N, device="cuda").to(dtype)
 gamma, beta = torch.ones(N, device="cuda", dtype=dtype), torch.zeros(N, device="cuda", dtype=dtype)
-tile_m, _ = C.gemm_config(args.dtype, M, N, K)
+tile_m, _ = C.gemm_config(args.dtype, M, N, K, split=args.split)
 partials = torch.empty(2, -(-M // tile_m), N, device="cuda")
 save = torch.empty(2, N, device="cuda")
 y = torch.empty(M, N, device="cuda", dtype=dtype)
 stream = torch.cuda.current_stream().cuda_stream
 stats = (None, None) if args.no_stats else (partials[0], partials[1])
-C.gemm_scale_stats(x, w, y, b, s, None, None, *stats, None, stream)
+split = {}
+if args.split:
+    split = weight_cache.split_gemm_arguments(w, M, stream)
+C.gemm_scale_stats(x, w, y, b, s, None, None, *stats, None, stream, **split)
 if not args.no_stats:
     C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None, None, 0.1, 1e-5,
                        save[0], save[1], stream)

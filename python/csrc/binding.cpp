@@ -160,8 +160,8 @@ NB_MODULE(_C, m) {
     const gemmbn::GemmOperands operands = parse_operands(dtype, split);
     std::vector<std::map<std::string, int>> rows;
     static const char* names[gemmbn::kConfigFields] = {
-        "tile_m", "tile_n",  "tile_k",      "cluster_m", "cluster_n", "epilogue_n",
-        "pingpong", "raster", "swizzle", "scale_tiles", "turns",     "partial_rows"};
+        "tile_m",   "tile_n", "tile_k",  "cluster_m",     "cluster_n",
+        "epilogue_n", "pingpong", "raster", "swizzle", "promote_tiles", "partial_rows"};
     for (int i = 0; i < gemmbn::gemm_config_count(operands); ++i) {
       int row[gemmbn::kConfigFields];
       gemmbn::gemm_config_row(operands, i, 1, 1, 1, row);
@@ -198,12 +198,14 @@ NB_MODULE(_C, m) {
         [](Array x, Array weight, Array y, OptionalArray bias, OptionalArray scale, OptionalArray gain,
            OptionalArray shift, OptionalArray partial_mean, OptionalArray partial_m2,
            OptionalArray batches_tracked, std::uintptr_t stream, int config, int raster, int swizzle,
-           OptionalArray weight_split, OptionalArray weight_unscale) {
+           OptionalArray weight_split, OptionalArray weight_unscale, OptionalArray x_scale) {
           if (x.ndim() != 2 || weight.ndim() != 2) fail("x and weight must be 2-D");
           gemmbn::GemmScaleStatsArgs a;
           a.config = config, a.raster = raster, a.swizzle = swizzle;
           a.dtype = dtype_of(x, "x");
-          if (weight_split.has_value() != weight_unscale.has_value()) fail("weight_split and weight_unscale go together");
+          if (weight_split.has_value() != weight_unscale.has_value() || weight_split.has_value() != x_scale.has_value()) {
+            fail("weight_split, weight_unscale and x_scale go together");
+          }
           const std::string dt = dtype_string(a.dtype);
           a.M = checked_int(x.shape(0), "M");
           a.K = checked_int(x.shape(1), "K");
@@ -216,8 +218,10 @@ NB_MODULE(_C, m) {
             if (a.dtype != DType::f32) fail("weight_split (the fp32-faithful GEMM) needs float32 x");
             check(*weight_split, "weight_split", {a.N, gemmbn::split_weight_columns(a.K)}, "float16");
             check(*weight_unscale, "weight_unscale", {a.N}, "float32");
+            check(*x_scale, "x_scale", {gemmbn::row_scale_count(a.M)}, "float32");
             a.weight_split = weight_split->data();
             a.weight_unscale = static_cast<const float*>(weight_unscale->data());
+            a.x_scale = static_cast<float*>(x_scale->data());
           }
           a.bias = optional_vector(bias, "bias", a.N, dt);
           a.scale = optional_vector(scale, "scale", a.N, dt);
@@ -244,9 +248,14 @@ NB_MODULE(_C, m) {
         nb::arg("partial_m2").none(), nb::arg("batches_tracked").none(), nb::arg("stream"), nb::kw_only(),
         nb::arg("config") = -1, nb::arg("raster") = -1, nb::arg("swizzle") = -1,
         nb::arg("weight_split").none() = nb::none(), nb::arg("weight_unscale").none() = nb::none(),
+        nb::arg("x_scale").none() = nb::none(),
         "y = ((x @ weight^T + bias) * scale) * gain + shift, with per-tile column mean/M2 of y as stored.\n"
         "config/raster/swizzle override the configuration row and the tile order (tuning; -1: the defaults).\n"
-        "weight_split/weight_unscale (split_weight's output for weight): the fp32-faithful GEMM for float32 x.");
+        "weight_split/weight_unscale (split_weight's output for weight) and x_scale (float32 [row_scale_count(M)],\n"
+        "a workspace): the fp32-faithful GEMM for float32 x.");
+
+  m.def("row_scale_count", [](int64_t M) { return gemmbn::row_scale_count(checked_int(M, "M")); }, nb::arg("M"),
+        "Entries of the split GEMM's x_scale workspace for M rows (whole 128-row tiles).");
 
   m.def("finish_normalize",
         [](Array y, Array out, Array partial_mean, Array partial_m2, int tile_rows, OptionalArray gamma,

@@ -38,12 +38,11 @@ def _on_device(x: Tensor) -> Iterator[int]:
         yield torch.cuda.current_stream(x.device).cuda_stream
 
 
-def _split_operands(weight: Tensor, gemm_kind: str, stream: int) -> dict:
-    """The GEMM's extra keyword arguments: the split weight for the fp32-faithful kernel, else none."""
+def _split_operands(weight: Tensor, rows: int, gemm_kind: str, stream: int) -> dict:
+    """The GEMM's extra keyword arguments: the split weight and x's scales for the fp32-faithful kernel."""
     if gemm_kind != precision_mod.SPLIT_FP32:
         return {}
-    weight_split, weight_unscale = weight_cache.split_weight(weight, stream)
-    return {"weight_split": _dl(weight_split), "weight_unscale": _dl(weight_unscale)}
+    return {name: _dl(t) for name, t in weight_cache.split_gemm_arguments(weight, rows, stream).items()}
 
 
 def train_forward(
@@ -85,7 +84,7 @@ def train_forward(
         # The launch below increments num_batches_tracked (when given) on the device.
         _C.gemm_scale_stats(
             _dl(x), _dl(weight), y_, _dl(bias), _dl(scale), None, None, means_, m2s_, batches_, stream,
-            **_split_operands(weight, gemm_kind, stream),
+            **_split_operands(weight, M, gemm_kind, stream),
         )
         # A capsule is consumed by the call that takes it: fresh ones for the second launch.
         _C.finish_normalize(
@@ -123,6 +122,6 @@ def eval_forward(
         )
         _C.gemm_scale_stats(
             _dl(x), _dl(weight), _dl(out), _dl(bias), _dl(scale), _dl(gain), _dl(shift), None, None, None, stream,
-            **_split_operands(weight, gemm_kind, stream),
+            **_split_operands(weight, M, gemm_kind, stream),
         )
     return out

@@ -81,6 +81,14 @@ def split_weight(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
     return weight_split, weight_unscale
 
 
+def split_gemm_arguments(weight: Tensor, rows: int, stream: int) -> dict[str, Tensor]:
+    """gemm_scale_stats's keyword arguments for the split GEMM of ``rows`` rows of x against ``weight``:
+    the (cached) split weight and a fresh x_scale workspace (row_scales fills it inside the call)."""
+    weight_split, weight_unscale = split_weight(weight, stream)
+    x_scale = torch.empty(extension().row_scale_count(rows), dtype=torch.float32, device=weight.device)
+    return {"weight_split": weight_split, "weight_unscale": weight_unscale, "x_scale": x_scale}
+
+
 def _version(weight: Tensor) -> int | None:
     """The tensor's version counter, or None for an inference tensor (which has none: never cached)."""
     try:

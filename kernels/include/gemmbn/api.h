@@ -49,9 +49,11 @@ struct GemmScaleStatsArgs {
   DType dtype = DType::f32;   // of x, weight, y, bias, scale; f32 runs TF32 tensor cores unless split
   const void* x = nullptr;    // [M, K] row-major
   const void* weight = nullptr;  // [N, K] row-major (nn.Linear layout); unused when split
-  // fp32 only, both or neither: the fp32-faithful GEMM on split_weight's output for `weight`.
+  // fp32 only, all or none: the fp32-faithful GEMM on split_weight's output for `weight`; x_scale is
+  // its workspace (row_scales runs first, on the same stream).
   const void* weight_split = nullptr;     // [N, split_weight_columns(K)] fp16
   const float* weight_unscale = nullptr;  // [N]
+  float* x_scale = nullptr;               // [row_scale_count(M)]
   void* y = nullptr;          // [M, N] row-major
   int M = 0, N = 0, K = 0;
   const void* bias = nullptr;   // [N]
@@ -76,10 +78,10 @@ inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) {
 // The number of rows in the operands' configuration table (kernels/include/gemmbn/configs.h).
 int gemm_config_count(GemmOperands operands);
 // Row `config` of the table (config < 0: the row picked for the problem), as
-// {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, scale_tiles, turns,
+// {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
 // partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if config is
 // out of range.
-inline constexpr int kConfigFields = 12;
+inline constexpr int kConfigFields = 11;
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields]);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 
@@ -95,6 +97,16 @@ struct SplitWeightArgs {
 };
 int64_t split_weight_columns(int K);
 Status split_weight(const SplitWeightArgs& args, cudaStream_t stream);
+
+// x [M, K] fp32 -> x_scale[m] = 2^a[m], the power of two putting max_k |x[m, k]| in [2^14, 2^15), the
+// split GEMM's per-row scale of x; padded to row_scale_count(M) entries (whole 128-row tiles; 1 there).
+struct RowScalesArgs {
+  const float* x = nullptr;  // [M, K]
+  int M = 0, K = 0;
+  float* x_scale = nullptr;  // [row_scale_count(M)]
+};
+int64_t row_scale_count(int M);
+Status row_scales(const RowScalesArgs& args, cudaStream_t stream);
 
 // Merge the per-tile partials of y (Chan's formula, fixed order, fp64) into mean_y and var_y (biased):
 //   out = (y - mean_y) / sqrt(var_y + eps) * gamma + beta      (out may alias y)

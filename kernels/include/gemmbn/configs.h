@@ -17,10 +17,9 @@ struct TileConfig {
   // Run time: the persistent tile scheduler's order (GemmScaleStatsArgs may override both).
   int raster;                  // 0: CUTLASS's heuristic, 1: along M, 2: along N
   int swizzle;                 // max swizzle size (1, 2, 4 or 8)
-  // Split GEMM only (1 and 0 elsewhere): k-tiles per x scale and fp32 promotion (1 or 2), and whether
-  // the consumer warpgroups take turns issuing their wgmmas (split_f16x3_mainloop.hpp).
-  int scale_tiles = 1;
-  int turns = 0;
+  // Split GEMM only (1 elsewhere): k-tiles summed on the tensor cores between fp32 promotions
+  // (split_f16x3_mainloop.hpp).
+  int promote_tiles = 1;
 };
 
 // Rows per statistics partial: the epilogue subtile's height (CUTLASS's sm90 epilogue takes 128 rows
@@ -55,10 +54,10 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 // The fp32-faithful split GEMM: 128x128 tiles (the k-tile and fp32 accumulators take 128 registers per
 // thread), k-tiles of split::kTileK = 32 columns, cooperative only (its mainloop is written for it).
 inline constexpr TileConfig kSplitConfigs[] = {
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 0},  // 0: a scale per k-tile, warpgroups unordered
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 1: candidate: the warpgroups take turns
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 2, 0},  // 2: candidate: a scale and promotion per 2 k-tiles
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 2, 1},  // 3: candidate: both
+    {128, 128, 32, 1, 1, 32, 0, 0, 8, 4},   // 0: promotion every 128 columns
+    {128, 128, 32, 1, 1, 32, 0, 0, 8, 2},   // 1: candidate: every 64
+    {128, 128, 32, 1, 1, 32, 0, 0, 8, 8},   // 2: candidate: every 256
+    {128, 128, 32, 2, 1, 32, 0, 0, 8, 4},   // 3: candidate: W multicast to 2 CTAs along M
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);

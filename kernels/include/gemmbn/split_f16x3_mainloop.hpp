@@ -1,24 +1,30 @@
 // The fp32-faithful GEMM mainloop, a collective for CUTLASS's cooperative warp-specialized sm90 kernel
 // (its epilogue, tile scheduler and pipelines unchanged):
 //
-//   acc[m, n] 2^b[n] = sum_kt 2^-a[m, kt] sum_{k in kt} (xh wh + xl wh + xh wl)[m, n, k]
+//   acc[m, n] 2^a[m] 2^b[n] = sum_g sum_{k in g} (xh wh + xl wh + xh wl)[m, n, k]
 //
-// with x's k-tile kt of row m scaled by 2^a[m, kt] and split into fp16 parts xh + xl in registers as
-// it is consumed, and W's row n scaled by 2^b[n] and split into wh + wl once by split_weight (format in
-// f16_split.cuh). The epilogue multiplies by 2^-b[n] (weight_unscale).
+// with x's row m scaled by 2^a[m] (row_scales, a pre-pass) and split into fp16 parts xh + xl in
+// registers as it is consumed, and W's row n scaled by 2^b[n] and split into wh + wl once by
+// split_weight (format in f16_split.cuh). The mainloop ends with acc 2^-a[m]; the epilogue multiplies
+// by 2^-b[n] (weight_unscale).
 //
 // NOTES:
-// - Each k-tile (32 columns) is summed on the tensor cores in its own accumulator (6 wgmmas: 3 products
-//   x 2 k-slices), then promoted into the fp32 accumulator the epilogue reads: acc += acc_tile 2^-a.
-//   So the tensor cores never add more than 96 terms, which keeps their accumulation (coarser than
-//   FFMA's) out of the error, and the per-(row, k-tile) scale lets x take any fp32 range.
+// - Each promotion group g (PromoteTiles k-tiles of 32 columns: 6 wgmmas a k-tile, 3 products x 2
+//   k-slices) is summed on the tensor cores in its own accumulator, then added into the fp32
+//   accumulator the epilogue reads. The tensor cores thus add at most 96 PromoteTiles terms before a
+//   rounding to fp32, which keeps their accumulation (coarser than FFMA's) out of the error.
+// - Scales per row, not per (row, k-tile): a k-tile scale would need a promotion (wgmma drain + an
+//   FFMA per accumulator) every k-tile and a max over the row's quad (two shuffles) on the consumer's
+//   critical path. Measured (H200, 16384x4096->4096): 3.2 ms that way, the consumer warps stalled on
+//   those chains with the tensor pipe 55% busy (perf/NOTES.md, v5).
 // - x is loaded by TMA as two 128x16 fp32 halves per stage (64-byte rows, no swizzle): each thread reads
 //   one 16-byte vector per row and slice, a quarter warp two consecutive rows, with no bank conflict.
-//   split_weight orders W's columns within each 16-column slice to match (split::slice_column).
-// - The consumer splits the next k-tile while the current one's wgmmas run (two register buffers),
-//   then waits for them, releases the stage and promotes. Its two warpgroups keep each other's gaps
-//   (wait + promotion) filled on the tensor cores.
-// - Accumulators: 64 (tensor-core k-tile) + 64 (fp32) registers per thread for a 128x128 tile; a
+//   split_weight orders W's columns within each 16-column slice to match (split::slice_column). Each
+//   stage also brings the tile's 128 row scales (a 512-byte bulk copy): mma() sees no tile coordinate.
+// - The consumer splits k-tile i+1 while k-tile i's wgmmas run (two register buffers); it waits only
+//   for k-tile i-1's (wgmma.wait_group 1) before overwriting that buffer, and drains at the end of a
+//   promotion group.
+// - Accumulators: 64 (tensor-core group) + 64 (fp32) registers per thread for a 128x128 tile; a
 //   128x256 tile would need 256 and does not fit.
 #pragma once
 
@@ -40,19 +46,17 @@ using namespace cute;
 struct SplitF16x3Arguments {
   float const* x = nullptr;                   // [M, K] row-major fp32
   cutlass::half_t const* w_split = nullptr;   // [N, split::split_columns(K)] from split_weight
+  float const* x_scale = nullptr;             // [ceil(M / 128) 128] from row_scales: 2^a[m]
 };
 
-// ScaleTiles: k-tiles per x scale and fp32 promotion (1 or 2); Turns: the consumer warpgroups take
-// turns issuing their wgmmas (named barriers kTurnBarrier0/1).
-template <int Stages, class ClusterShape_, int TileN, int ScaleTiles = 1, bool Turns = false>
+// PromoteTiles: k-tiles per fp32 promotion.
+template <int Stages, class ClusterShape_, int TileN, int PromoteTiles>
 struct SplitF16x3Mainloop {
-  static constexpr int kTileM = 128;  // two consumer warpgroups of 64 rows
+  static constexpr int kTileM = split::kRowBlock;  // two consumer warpgroups of 64 rows
   static constexpr int kTileK = split::kTileK;
   static constexpr int kThreads = 256;
-  static constexpr int kScaleTiles = ScaleTiles;
-  static constexpr bool kTurns = Turns;
-  static constexpr uint32_t kTurnBarrier0 = 0, kTurnBarrier1 = 1;  // user ids (after CUTLASS's reserved ones)
-  static_assert(ScaleTiles == 1 || ScaleTiles == 2, "one or two k-tiles per scale group");
+  static constexpr int kPromoteTiles = PromoteTiles;
+  static_assert(PromoteTiles >= 1, "k-tiles per promotion");
 
   // --- what CUTLASS's kernel and adapter read ---------------------------------------------------
   using TileShape = Shape<Int<kTileM>, Int<TileN>, Int<kTileK>>;
@@ -93,9 +97,11 @@ struct SplitF16x3Mainloop {
     // 1024-byte alignment: TMA's 128-byte swizzle is a function of the absolute address.
     alignas(1024) cute::array_aligned<float, cosize_v<SmemLayoutX>, 1024> x;
     alignas(1024) cute::array_aligned<cutlass::half_t, cosize_v<SmemLayoutW>, 1024> w;
+    alignas(128) cute::array_aligned<float, kTileM * Stages, 128> x_scale;  // (row, stage)
   };
+  static constexpr uint32_t kScaleBytes = sizeof(float) * kTileM;
   static constexpr uint32_t TmaTransactionBytes =
-      uint32_t(sizeof(float) * kTileM * kTileK + sizeof(cutlass::half_t) * TileN * 2 * kTileK);
+      uint32_t(sizeof(float) * kTileM * kTileK + sizeof(cutlass::half_t) * TileN * 2 * kTileK) + kScaleBytes;
   static constexpr int kStageBytes = int(TmaTransactionBytes);
 
   // --- parameters -------------------------------------------------------------------------------
@@ -113,6 +119,7 @@ struct SplitF16x3Mainloop {
         SmemLayoutW{}(_, _, 0), TileW{}, ClusterShape{}));
     TMA_X tma_x;
     TMA_W tma_w;
+    float const* x_scale;
     uint32_t tma_transaction_bytes = TmaTransactionBytes;
   };
 
@@ -125,15 +132,16 @@ struct SplitF16x3Mainloop {
                                                      make_stride(split_k, _1{}, int64_t(N) * split_k)));
     return {make_tma_copy_A_sm90(GmemTiledCopyA{}, x, SmemLayoutX{}(_, _, 0), TileX{}, ClusterShape{}),
             make_tma_copy_B_sm90(GmemTiledCopyB{}, w, SmemLayoutW{}(_, _, 0), TileW{}, ClusterShape{}),
-            TmaTransactionBytes};
+            args.x_scale, TmaTransactionBytes};
   }
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const& problem_shape, Arguments const& args) {
     auto [M, N, K, L] = append<4>(problem_shape, 1);
     // TMA: 16-byte rows (fp32 x: K % 4; the split weight's rows are whole k-tiles) and bases.
-    return K % 4 == 0 && args.x != nullptr && args.w_split != nullptr &&
-           reinterpret_cast<uintptr_t>(args.x) % 16 == 0 && reinterpret_cast<uintptr_t>(args.w_split) % 16 == 0;
+    return K % 4 == 0 && args.x != nullptr && args.w_split != nullptr && args.x_scale != nullptr &&
+           reinterpret_cast<uintptr_t>(args.x) % 16 == 0 && reinterpret_cast<uintptr_t>(args.w_split) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(args.x_scale) % 16 == 0;
   }
 
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& params) {
@@ -155,7 +163,8 @@ struct SplitF16x3Mainloop {
     return cute::make_tuple(gX_mkl, gW_nkl, gXhalf_mkl);
   }
 
-  // Producer (one elected thread): per stage, x's two halves and W's k-tile (multicast along the cluster).
+  // Producer (one elected thread): per stage, x's two halves, W's k-tile (multicast along the cluster)
+  // and the tile's row scales.
   template <class LoadInputs, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState smem_pipe_write,
                            LoadInputs const& load_inputs, BlockCoord const& blk_coord, KTileIterator k_tile_iter,
@@ -192,6 +201,8 @@ struct SplitF16x3Mainloop {
              tXsX(_, _, _, split::kSlices * stage + half));
       }
       copy(params.tma_w.with(*barrier, mcast_mask_w), tWgW(_, _, _, k_tile), tWsW(_, _, _, stage));
+      SM90_BULK_COPY_G2S::copy(params.x_scale + int64_t(m_coord) * kTileM, barrier,
+                               storage.x_scale.data() + stage * kTileM, kScaleBytes);
       ++k_tile_iter;
       ++smem_pipe_write;
     }
@@ -220,19 +231,16 @@ struct SplitF16x3Mainloop {
     return v;
   }
 
-  // One scale group of x (kScaleTiles k-tiles) in registers: fp16 hi and lo A fragments of its slices,
-  // and each row's unscale.
+  // One k-tile of x in registers: fp16 hi and lo A fragments of its two slices.
   template <class Fragment>
-  struct SplitGroup {
+  struct SplitTile {
     Fragment hi, lo;
-    float unscale[2];  // rows g, g + 8
   };
 
-  // Consumer: y-tile accumulators in `accum` (fp32, the epilogue's), one scale group at a time.
+  // Consumer: y-tile accumulators in `accum` (fp32, the epilogue's), one k-tile at a time.
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum,
                           int k_tile_count, int thread_idx, TensorStorage& storage, Params const&) {
-    constexpr int kGroupSlices = kScaleTiles * split::kSlices;
     TiledMma tiled_mma;
     const int warp_group = __shfl_sync(0xffffffff, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
     auto warp_group_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
@@ -240,11 +248,11 @@ struct SplitF16x3Mainloop {
     Tensor tCrW = warp_group_mma.make_fragment_B(warp_group_mma.partition_B(sW));  // (MMA, N, 4 slices, PIPE)
     auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
     auto a_shape = make_tensor(make_smem_ptr(static_cast<cutlass::half_t const*>(nullptr)),
-                               Layout<Shape<Int<kTileM>, Int<kScaleTiles * kTileK>>>{});
-    using Fragment = decltype(thread_mma.partition_fragment_A(a_shape));  // (MMA, 1, group slices)
-    static_assert(slices_follow_values<kGroupSlices>(typename Fragment::layout_type{}), "A fragment layout");
-    SplitGroup<Fragment> group_a{thread_mma.partition_fragment_A(a_shape), thread_mma.partition_fragment_A(a_shape)};
-    SplitGroup<Fragment> group_b{thread_mma.partition_fragment_A(a_shape), thread_mma.partition_fragment_A(a_shape)};
+                               Layout<Shape<Int<kTileM>, Int<kTileK>>>{});
+    using Fragment = decltype(thread_mma.partition_fragment_A(a_shape));  // (MMA, 1, 2 slices)
+    static_assert(slices_follow_values<split::kSlices>(typename Fragment::layout_type{}), "A fragment layout");
+    SplitTile<Fragment> tile_a{thread_mma.partition_fragment_A(a_shape), thread_mma.partition_fragment_A(a_shape)};
+    SplitTile<Fragment> tile_b{thread_mma.partition_fragment_A(a_shape), thread_mma.partition_fragment_A(a_shape)};
     Tensor acc_group = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
     static_assert(decltype(size(acc_group))::value == decltype(size(accum))::value, "accumulator layouts");
 
@@ -252,139 +260,97 @@ struct SplitF16x3Mainloop {
     const int row = 16 * (thread_idx / cutlass::NumThreadsPerWarp) + lane / 4;  // row g of this lane in the tile
     const int quad = lane % 4;
     float const* smem_x = storage.x.data();
+    float scale[2];  // 2^a of rows g, g + 8, read from the tile's first stage
 
-    // The group's `tiles` k-tiles from stage `first` on (waited for here) -> per row: max |x| over the
-    // quad (the row's columns of the group), scale, split. Slices of absent tiles are left alone.
-    auto split_group = [&](PipelineState first, int tiles, auto& out) {
-      float4 v[kScaleTiles][split::kSlices][2];
-      CUTLASS_PRAGMA_UNROLL
-      for (int t = 0; t < kScaleTiles; ++t) {
-        if (t < tiles) pipeline.consumer_wait(first);
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < split::kSlices; ++s) {
-          float const* half = smem_x + (split::kSlices * first.index() + s) * kTileM * split::kSliceK;
-          CUTLASS_PRAGMA_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            v[t][s][r] = t < tiles ? load_shared_float4(half + (row + 8 * r) * split::kSliceK + 4 * quad)
-                                   : make_float4(0.f, 0.f, 0.f, 0.f);
-          }
-        }
-        ++first;
-      }
-      float scale[2];
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        float m = 0.f;
-        CUTLASS_PRAGMA_UNROLL
-        for (int t = 0; t < kScaleTiles; ++t) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int s = 0; s < split::kSlices; ++s) {
-            const float4 q = v[t][s][r];
-            m = fmaxf(m, fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
-          }
-        }
-        m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-        split::pow2_scale(m, scale[r], out.unscale[r]);
-      }
+    // x's k-tile in `stage` -> scaled, split into the A registers.
+    auto split_stage = [&](int stage, auto& out) {
       // Register 4 slice + j holds values 2j, 2j + 1 of the slice (slices_follow_values).
       uint32_t* hi = reinterpret_cast<uint32_t*>(raw_pointer_cast(out.hi.data()));
       uint32_t* lo = reinterpret_cast<uint32_t*>(raw_pointer_cast(out.lo.data()));
       CUTLASS_PRAGMA_UNROLL
-      for (int t = 0; t < kScaleTiles; ++t) {
+      for (int s = 0; s < split::kSlices; ++s) {
+        float const* half = smem_x + (split::kSlices * stage + s) * kTileM * split::kSliceK;
         CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < split::kSlices; ++s) {
-          const int slice = split::kSlices * t + s;
-          CUTLASS_PRAGMA_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            const float4 q = v[t][s][r];
-            const float4 xs = make_float4(q.x * scale[r], q.y * scale[r], q.z * scale[r], q.w * scale[r]);
-            // Registers: 0 (row g, positions 2q, 2q+1), 1 (row g+8, same), 2 (row g, 2q+8, 2q+9), 3 (row g+8).
-            split::split_pair(xs.x, xs.y, hi[4 * slice + r], lo[4 * slice + r]);
-            split::split_pair(xs.z, xs.w, hi[4 * slice + 2 + r], lo[4 * slice + 2 + r]);
-          }
+        for (int r = 0; r < 2; ++r) {
+          const float4 q = load_shared_float4(half + (row + 8 * r) * split::kSliceK + 4 * quad);
+          // Registers: 0 (row g, positions 2q, 2q+1), 1 (row g+8, same), 2 (row g, 2q+8, 2q+9), 3 (row g+8).
+          split::split_pair(q.x * scale[r], q.y * scale[r], hi[4 * s + r], lo[4 * s + r]);
+          split::split_pair(q.z * scale[r], q.w * scale[r], hi[4 * s + 2 + r], lo[4 * s + 2 + r]);
         }
       }
     };
 
-    // acc_group = sum over the group's Tiles k-tiles (from stage `first`) of xh wh + xl wh + xh wl.
-    auto issue_wgmmas = [&](PipelineState first, auto tiles, auto const& in) {
+    // acc_group (+)= the stage's k-tile of xh wh + xl wh + xh wl (a fresh sum when `first`).
+    auto issue_wgmmas = [&](int stage, auto const& in, bool first) {
       warpgroup_fence_operand(acc_group);
       warpgroup_arrive();
-      tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+      tiled_mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
       CUTLASS_PRAGMA_UNROLL
-      for (int t = 0; t < decltype(tiles)::value; ++t) {
-        const int stage = first.index();
-        CUTLASS_PRAGMA_UNROLL
-        for (int s = 0; s < split::kSlices; ++s) {
-          const int slice = split::kSlices * t + s;
-          cute::gemm(tiled_mma, in.hi(_, _, slice), tCrW(_, _, s, stage), acc_group);
-          tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-          cute::gemm(tiled_mma, in.lo(_, _, slice), tCrW(_, _, s, stage), acc_group);
-          cute::gemm(tiled_mma, in.hi(_, _, slice), tCrW(_, _, split::kSlices + s, stage), acc_group);
-        }
-        ++first;
+      for (int s = 0; s < split::kSlices; ++s) {
+        cute::gemm(tiled_mma, in.hi(_, _, s), tCrW(_, _, s, stage), acc_group);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+        cute::gemm(tiled_mma, in.lo(_, _, s), tCrW(_, _, s, stage), acc_group);
+        cute::gemm(tiled_mma, in.hi(_, _, s), tCrW(_, _, split::kSlices + s, stage), acc_group);
       }
       warpgroup_commit_batch();
       warpgroup_fence_operand(acc_group);
     };
 
-    // accum += acc_group 2^-a[row]; value i of the 64xN C fragment sits on row g + 8 ((i / 2) % 2).
-    auto promote = [&](auto const& in) {
-      warpgroup_fence_operand(accum);
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); ++i) accum(i) = fmaf(acc_group(i), in.unscale[(i >> 1) & 1], accum(i));
-      warpgroup_fence_operand(accum);
-    };
-
-    // Turns (kTurns): the warpgroups issue their groups' wgmmas alternately, warpgroup 0 first, so the
-    // tensor cores finish one warpgroup's group while the other's waits, and each warpgroup's wait and
-    // promotion fall behind the other's wgmmas instead of both at once.
-    bool first_group = true;
-    auto take_turn = [&] {
-      if constexpr (kTurns) {
-        if (warp_group == 1) cutlass::arch::NamedBarrier::sync(kThreads, kTurnBarrier0);
-        else if (!first_group) cutlass::arch::NamedBarrier::sync(kThreads, kTurnBarrier1);
-      }
-    };
-    auto pass_turn = [&](bool last_group) {
-      if constexpr (kTurns) {
-        if (warp_group == 0) cutlass::arch::NamedBarrier::arrive(kThreads, kTurnBarrier0);
-        else if (!last_group) cutlass::arch::NamedBarrier::arrive(kThreads, kTurnBarrier1);
+    // Stages [released, released + count) are free once their wgmmas are complete.
+    PipelineState smem_pipe_release = smem_pipe_read;
+    auto release = [&](int count) {
+      for (; count > 0; --count) {
+        pipeline.consumer_release(smem_pipe_release);
+        ++smem_pipe_release;
       }
     };
 
-    // One group: its wgmmas, the next group's split behind them, then wait, release, promote.
+    // One k-tile: its wgmmas; the next tile's split once the previous tile's wgmmas are done; at a
+    // promotion group's end, the drain and accum += acc_group.
+    int tile_in_group = 0, unreleased = 0;
     auto step = [&](auto const& current, auto& next) {
-      const int tiles = k_tile_count < kScaleTiles ? k_tile_count : kScaleTiles;
-      take_turn();
-      if (tiles == kScaleTiles) issue_wgmmas(smem_pipe_read, Int<kScaleTiles>{}, current);
-      else issue_wgmmas(smem_pipe_read, Int<1>{}, current);  // kScaleTiles <= 2: a short last group has one
-      pass_turn(k_tile_count == tiles);
-      first_group = false;
-      PipelineState next_read = smem_pipe_read;
-      next_read.advance(tiles);
-      const int remaining = k_tile_count - tiles;
-      if (remaining > 0) split_group(next_read, remaining < kScaleTiles ? remaining : kScaleTiles, next);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_group);
-      for (int t = 0; t < tiles; ++t) {
-        pipeline.consumer_release(smem_pipe_read);
-        ++smem_pipe_read;
+      issue_wgmmas(smem_pipe_read.index(), current, tile_in_group == 0);
+      ++smem_pipe_read;
+      ++unreleased;
+      const bool group_ends = ++tile_in_group == kPromoteTiles || k_tile_count == 1;
+      if (k_tile_count > 1) {
+        warpgroup_wait<1>();  // the previous k-tile's wgmmas: its stage and `next`'s registers are free
+        release(unreleased - 1);
+        unreleased = 1;
+        pipeline.consumer_wait(smem_pipe_read);
+        split_stage(smem_pipe_read.index(), next);
       }
-      promote(current);
-      k_tile_count = remaining;
+      if (group_ends) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_group);
+        release(unreleased);
+        unreleased = 0;
+        warpgroup_fence_operand(accum);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); ++i) accum(i) += acc_group(i);
+        warpgroup_fence_operand(accum);
+        tile_in_group = 0;
+      }
+      --k_tile_count;
     };
 
     clear(accum);
     if (k_tile_count <= 0) return;
-    split_group(smem_pipe_read, k_tile_count < kScaleTiles ? k_tile_count : kScaleTiles, group_a);
+    pipeline.consumer_wait(smem_pipe_read);
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < 2; ++r) scale[r] = storage.x_scale[smem_pipe_read.index() * kTileM + row + 8 * r];
+    split_stage(smem_pipe_read.index(), tile_a);
     CUTLASS_PRAGMA_NO_UNROLL
-    while (k_tile_count > 0) {  // two groups per trip, so the register buffers have fixed names
-      step(group_a, group_b);
+    while (k_tile_count > 0) {  // two k-tiles per trip, so the register buffers have fixed names
+      step(tile_a, tile_b);
       if (k_tile_count == 0) break;
-      step(group_b, group_a);
+      step(tile_b, tile_a);
     }
+    warpgroup_wait<0>();  // (the last group drained already; said here so ptxas need not insert it)
+    // accum 2^-a[row]; value i of the 64xN C fragment sits on row g + 8 ((i / 2) % 2).
+    const float unscale[2] = {split::inverse_pow2(scale[0]), split::inverse_pow2(scale[1])};
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); ++i) accum(i) *= unscale[(i >> 1) & 1];
   }
 
   // Every stage was released in mma().

@@ -1,4 +1,5 @@
-// The split GEMM's weight operand, made once per weight version (python/gemmbn/weight_cache.py).
+// The split GEMM's operands: W's scaled fp16 pairs (once per weight version, python/gemmbn/weight_cache.py)
+// and x's per-row scales (every call, from gemm_scale_stats).
 #include <cuda_fp16.h>
 
 #include "gemmbn/api.h"
@@ -62,9 +63,53 @@ __global__ void __launch_bounds__(kThreads) split_weight_kernel(SplitWeightArgs 
   }
 }
 
+constexpr int kRowsPerBlock = kThreads / 32;  // a warp per row
+constexpr int kRowUnroll = 4;                  // float4 loads in flight per lane
+
+// x_scale[m] = 2^a[m] with max_k |x[m, k]| 2^a in [2^14, 2^15) (split::pow2_scale); 1 on the padding rows.
+__global__ void __launch_bounds__(kThreads) row_scales_kernel(RowScalesArgs a) {
+  const int64_t m = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (m >= split::row_scale_count(a.M)) return;
+  if (m >= a.M) {
+    if (lane == 0) a.x_scale[m] = 1.f;
+    return;
+  }
+  const float4* row = reinterpret_cast<const float4*>(a.x + m * a.K);
+  const int vectors = a.K / 4;
+  float max_abs = 0.f;
+  for (int i0 = lane; i0 < vectors; i0 += 32 * kRowUnroll) {
+    float4 v[kRowUnroll];
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      const int i = i0 + 32 * u;
+      v[u] = i < vectors ? row[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kRowUnroll; ++u) {
+      max_abs = fmaxf(max_abs, fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w))));
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffff, max_abs, offset));
+  float scale, unscale;
+  split::pow2_scale(max_abs, scale, unscale);
+  if (lane == 0) a.x_scale[m] = scale;
+}
+
 }  // namespace
 
 int64_t split_weight_columns(int K) { return split::split_columns(K); }
+int64_t row_scale_count(int M) { return split::row_scale_count(M); }
+
+Status row_scales(const RowScalesArgs& a, cudaStream_t stream) {
+  if (a.M < 1 || a.K < 1) return Status::invalid("M and K must be positive");
+  if (a.K % 4 != 0) return Status::invalid("K must be a multiple of 4 (16-byte rows of float32)");
+  if (!a.x || !a.x_scale) return Status::invalid("x and x_scale are required");
+  if (!is_aligned16(a.x) || !is_aligned16(a.x_scale)) return Status::invalid("x and x_scale must start on a 16-byte boundary");
+  const int64_t rows = split::row_scale_count(a.M);
+  row_scales_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(a);
+  return Status::from_cuda(cudaGetLastError(), "launching row_scales");
+}
 
 Status split_weight(const SplitWeightArgs& a, cudaStream_t stream) {
   if (a.N < 1 || a.K < 1) return Status::invalid("N and K must be positive");
