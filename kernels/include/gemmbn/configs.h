@@ -51,13 +51,15 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {128, 256, 64, 2, 1, 32, 0, 0, 8},  // 2: candidate: cooperative 128x256, 2x1 cluster (shared/measurements.md's probe)
 };
 
-// The fp32-faithful split GEMM: 128x128 tiles (the k-tile and fp32 accumulators take 128 registers per
-// thread), k-tiles of split::kTileK = 32 columns, cooperative only (its mainloop is written for it).
+// The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128
+// registers per thread), k-tiles of split::kTileK = 32 columns, cooperative only (its mainloop is
+// written for it). Measured with perf/tune_gemm.py on an H200 at 16384x4096->4096 (row_scales + GEMM
+// + statistics, L2 flushed; 786f642): promotion every 4 k-tiles 3.00-3.05 ms, every 2 3.36, every 8
+// 3.32; a 2x1 cluster multicasting W 3.56 (and 3.39 vs 3.20 in the per-k-tile design). Raster along M,
+// swizzle 4 was the best order (3.00 vs 3.05 for the heuristic with swizzle 8).
 inline constexpr TileConfig kSplitConfigs[] = {
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 4},   // 0: promotion every 128 columns
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 2},   // 1: candidate: every 64
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 8},   // 2: candidate: every 256
-    {128, 128, 32, 2, 1, 32, 0, 0, 8, 4},   // 3: candidate: W multicast to 2 CTAs along M
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},   // 0: promotion every 128 columns
+    {128, 128, 32, 1, 1, 64, 0, 1, 4, 4},   // 1: candidate: 128x64 epilogue subtiles (half the statistics merges)
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);
