@@ -30,7 +30,7 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 # bf16 operands and output have 8 bits (2^-8 ~ 3.9e-3); fp16 operands and output 11 bits.
 # split: at least as good as cuBLAS's SGEMM, 1.1e-6 at K=4096 (shared/measurements.md): its operands
 # keep 22 bits (2^-22 per product, random in sign: ~1e-7 of a dot product, perf/split_accuracy_model.py)
-# and the tensor cores sum 32 columns at a time before an fp32 promotion; y itself is rounded to fp32.
+# and the tensor cores sum 128 columns at a time before an fp32 promotion; y itself is rounded to fp32.
 GEMM_TOL = {"float32": 2e-3, "bfloat16": 1.5e-2, "float16": 2e-3, "split": 1e-6}
 
 

@@ -37,6 +37,9 @@ inline constexpr int partial_rows(TileConfig const& c) {
 //   their epilogue subtile (4 stages), k-depth (8 stages) or cluster; 4x1 and 2x2 clusters lost 9-13%.
 // - TF32 at M <= 2048: cooperative 128x256 without a cluster, 128x16 epilogue subtile, swizzle 8: 0.360 vs
 //   row 0 0.389 at 1024x8192->8192, 0.752 vs 0.755 at 2048x8192->8192, 0.189 vs 0.197 at 2048x4096->4096.
+// - 16-bit cooperative rows at 16384x4096->4096 (H200, 2026-12-01, three runs): 256x128 with a 1x2
+//   cluster (cuBLAS nvjet's tile; two 128-row statistics partials per tile) 0.869-0.887 ms and 128x256
+//   with 2x1 0.884-0.901, against row 0's 0.776-0.787 (bf16; fp16 alike): dropped.
 // - Dropped for cliffs: the tile order of the persistent scheduler can double a short-M GEMM's time. The
 //   bf16 cooperative 128x256 row (2x1 cluster) ran 0.372 vs row 0's 0.388 at 2048x8192->8192 with swizzle
 //   8 but 0.386 vs 0.207 at 1024x8192->8192; a TF32 ping-pong row without a cluster ran 0.735 at swizzle 8
@@ -47,8 +50,6 @@ inline constexpr TileConfig kTf32Configs[] = {
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
-    {256, 128, 64, 1, 2, 32, 0, 0, 8},  // 1: candidate: cooperative 256x128 (cuBLAS nvjet's bf16 tile), 1x2 cluster
-    {128, 256, 64, 2, 1, 32, 0, 0, 8},  // 2: candidate: cooperative 128x256, 2x1 cluster (shared/measurements.md's probe)
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128
@@ -56,10 +57,10 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 // written for it). Measured with perf/tune_gemm.py on an H200 at 16384x4096->4096 (row_scales + GEMM
 // + statistics, L2 flushed; 786f642): promotion every 4 k-tiles 3.00-3.05 ms, every 2 3.36, every 8
 // 3.32; a 2x1 cluster multicasting W 3.56 (and 3.39 vs 3.20 in the per-k-tile design). Raster along M,
-// swizzle 4 was the best order (3.00 vs 3.05 for the heuristic with swizzle 8).
+// swizzle 4 was the best order (3.00 vs 3.05 for the heuristic with swizzle 8). 128x64 epilogue
+// subtiles (half the statistics merges, one stage less) ran 3.27 vs 3.01 (4bcc231's run).
 inline constexpr TileConfig kSplitConfigs[] = {
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},   // 0: promotion every 128 columns
-    {128, 128, 32, 1, 1, 64, 0, 1, 4, 4},   // 1: candidate: 128x64 epilogue subtiles (half the statistics merges)
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);
