@@ -2,7 +2,8 @@
 # Profile the two training-forward kernels with Nsight Compute (clocks left alone).
 #   bash perf/ncu/profile.sh OUT_DIR [launch_once.py args]
 # Build with -Ccmake.define.GEMMBN_LINEINFO=ON first for source-level attribution.
-# Writes OUT_DIR/gemm.ncu-rep and OUT_DIR/finish.ncu-rep plus text summaries (how to read them: perf/README.md).
+# Writes OUT_DIR/gemm.ncu-rep and OUT_DIR/finish.ncu-rep plus text pages: details, raw metrics (CSV),
+# SASS with stall samples (how to read them: perf/README.md).
 set -euo pipefail
 out=$1; shift
 mkdir -p "$out"
@@ -12,5 +13,6 @@ ncu "${common[@]}" -k regex:device_kernel -o "$out/gemm" -f python3 "$here/launc
 ncu "${common[@]}" -k regex:finish_normalize -o "$out/finish" -f python3 "$here/launch_once.py" "$@" > "$out/finish.ncu.log" 2>&1
 for k in gemm finish; do
   ncu -i "$out/$k.ncu-rep" --page details > "$out/$k.details.txt"
+  ncu -i "$out/$k.ncu-rep" --page raw --csv > "$out/$k.raw.csv"  # every metric, stall reasons included
   ncu -i "$out/$k.ncu-rep" --page source --csv --print-source sass > "$out/$k.sass.csv" 2>/dev/null || true
 done
