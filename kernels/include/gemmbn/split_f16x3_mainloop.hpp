@@ -49,9 +49,10 @@ struct SplitF16x3Arguments {
   float const* x_scale = nullptr;             // [ceil(M / 128) 128] from row_scales: 2^a[m]
 };
 
-// PromoteTiles: k-tiles per fp32 promotion.
-template <int Stages, class ClusterShape_, int TileN, int PromoteTiles>
+// PromoteTiles: k-tiles per fp32 promotion; PrefetchX: x's shared-memory loads run one k-tile ahead.
+template <int Stages, class ClusterShape_, int TileN, int PromoteTiles, bool PrefetchX = false>
 struct SplitF16x3Mainloop {
+  static constexpr bool kPrefetchX = PrefetchX;
   static constexpr int kTileM = split::kRowBlock;  // two consumer warpgroups of 64 rows
   static constexpr int kTileK = split::kTileK;
   static constexpr int kThreads = 256;
@@ -262,23 +263,36 @@ struct SplitF16x3Mainloop {
     float const* smem_x = storage.x.data();
     float scale[2];  // 2^a of rows g, g + 8, read from the tile's first stage
 
-    // x's k-tile in `stage` -> scaled, split into the A registers.
-    auto split_stage = [&](int stage, auto& out) {
+    // x's k-tile in `stage` -> registers (the loads), then scaled and split into the A registers.
+    struct XTile {
+      float4 v[split::kSlices][2];  // (slice, row g / g + 8): columns 4q..4q+3
+    };
+    auto load_stage = [&](int stage, XTile& x) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int s = 0; s < split::kSlices; ++s) {
+        float const* half = smem_x + (split::kSlices * stage + s) * kTileM * split::kSliceK;
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) x.v[s][r] = load_shared_float4(half + (row + 8 * r) * split::kSliceK + 4 * quad);
+      }
+    };
+    auto convert = [&](XTile const& x, auto& out) {
       // Register 4 slice + j holds values 2j, 2j + 1 of the slice (slices_follow_values).
       uint32_t* hi = reinterpret_cast<uint32_t*>(raw_pointer_cast(out.hi.data()));
       uint32_t* lo = reinterpret_cast<uint32_t*>(raw_pointer_cast(out.lo.data()));
       CUTLASS_PRAGMA_UNROLL
       for (int s = 0; s < split::kSlices; ++s) {
-        float const* half = smem_x + (split::kSlices * stage + s) * kTileM * split::kSliceK;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) {
-          const float4 q = load_shared_float4(half + (row + 8 * r) * split::kSliceK + 4 * quad);
+          const float4 q = x.v[s][r];
           // Registers: 0 (row g, positions 2q, 2q+1), 1 (row g+8, same), 2 (row g, 2q+8, 2q+9), 3 (row g+8).
           split::split_pair(q.x * scale[r], q.y * scale[r], hi[4 * s + r], lo[4 * s + r]);
           split::split_pair(q.z * scale[r], q.w * scale[r], hi[4 * s + 2 + r], lo[4 * s + 2 + r]);
         }
       }
     };
+    // kPrefetchX: k-tile i+2's loads are issued while k-tile i+1 is split, so no split waits on them.
+    XTile ahead;
+    PipelineState smem_pipe_ahead = smem_pipe_read;  // the k-tile `ahead` comes from next
 
     // acc_group (+)= the stage's k-tile of xh wh + xl wh + xh wl (a fresh sum when `first`).
     auto issue_wgmmas = [&](int stage, auto const& in, bool first) {
@@ -317,8 +331,19 @@ struct SplitF16x3Mainloop {
         warpgroup_wait<1>();  // the previous k-tile's wgmmas: its stage and `next`'s registers are free
         release(unreleased - 1);
         unreleased = 1;
-        pipeline.consumer_wait(smem_pipe_read);
-        split_stage(smem_pipe_read.index(), next);
+        if constexpr (kPrefetchX) {
+          convert(ahead, next);
+          if (k_tile_count > 2) {
+            pipeline.consumer_wait(smem_pipe_ahead);
+            load_stage(smem_pipe_ahead.index(), ahead);
+            ++smem_pipe_ahead;
+          }
+        } else {
+          pipeline.consumer_wait(smem_pipe_read);
+          XTile x;
+          load_stage(smem_pipe_read.index(), x);
+          convert(x, next);
+        }
       }
       if (group_ends) {
         warpgroup_wait<0>();
@@ -339,7 +364,19 @@ struct SplitF16x3Mainloop {
     pipeline.consumer_wait(smem_pipe_read);
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < 2; ++r) scale[r] = storage.x_scale[smem_pipe_read.index() * kTileM + row + 8 * r];
-    split_stage(smem_pipe_read.index(), tile_a);
+    {
+      XTile x;
+      load_stage(smem_pipe_read.index(), x);
+      convert(x, tile_a);
+    }
+    ++smem_pipe_ahead;
+    if constexpr (kPrefetchX) {
+      if (k_tile_count > 1) {
+        pipeline.consumer_wait(smem_pipe_ahead);
+        load_stage(smem_pipe_ahead.index(), ahead);
+        ++smem_pipe_ahead;
+      }
+    }
     CUTLASS_PRAGMA_NO_UNROLL
     while (k_tile_count > 0) {  // two k-tiles per trip, so the register buffers have fixed names
       step(tile_a, tile_b);
