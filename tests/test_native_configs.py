@@ -8,7 +8,7 @@ _C = pytest.importorskip("gemmbn._C", reason="the native extension is not built"
 TABLES = [("float32", False), ("bfloat16", False), ("float16", False), ("float32", True)]
 TABLE_IDS = ["tf32", "bf16", "fp16", "split"]
 FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster", "swizzle",
-          "promote_tiles", "prefetch_x", "partial_rows"}
+          "promote_tiles", "partial_rows"}
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -29,9 +29,9 @@ def test_every_row_is_a_valid_configuration(dtype, split):
         if split:
             # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only.
             assert (row["tile_m"], row["tile_n"], row["tile_k"], row["pingpong"], row["cluster_n"]) == (128, 128, 32, 0, 1)
-            assert row["promote_tiles"] >= 1 and row["prefetch_x"] in (0, 1)
+            assert row["promote_tiles"] >= 1
         else:
-            assert (row["promote_tiles"], row["prefetch_x"]) == (1, 0)
+            assert row["promote_tiles"] == 1
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)

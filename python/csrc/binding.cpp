@@ -161,7 +161,7 @@ NB_MODULE(_C, m) {
     std::vector<std::map<std::string, int>> rows;
     static const char* names[gemmbn::kConfigFields] = {
         "tile_m",   "tile_n", "tile_k",  "cluster_m",     "cluster_n",
-        "epilogue_n", "pingpong", "raster", "swizzle", "promote_tiles", "prefetch_x", "partial_rows"};
+        "epilogue_n", "pingpong", "raster", "swizzle", "promote_tiles", "partial_rows"};
     for (int i = 0; i < gemmbn::gemm_config_count(operands); ++i) {
       int row[gemmbn::kConfigFields];
       gemmbn::gemm_config_row(operands, i, 1, 1, 1, row);

@@ -79,9 +79,9 @@ inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) {
 int gemm_config_count(GemmOperands operands);
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
-// prefetch_x, partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if
-// config is out of range.
-inline constexpr int kConfigFields = 12;
+// partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if config is
+// out of range.
+inline constexpr int kConfigFields = 11;
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields]);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 

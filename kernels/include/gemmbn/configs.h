@@ -17,10 +17,9 @@ struct TileConfig {
   // Run time: the persistent tile scheduler's order (GemmScaleStatsArgs may override both).
   int raster;                  // 0: CUTLASS's heuristic, 1: along M, 2: along N
   int swizzle;                 // max swizzle size (1, 2, 4 or 8)
-  // Split GEMM only (1 and 0 elsewhere): k-tiles summed on the tensor cores between fp32 promotions,
-  // and whether x's shared-memory loads run a k-tile ahead of its split (split_f16x3_mainloop.hpp).
+  // Split GEMM only (1 elsewhere): k-tiles summed on the tensor cores between fp32 promotions
+  // (split_f16x3_mainloop.hpp).
   int promote_tiles = 1;
-  int prefetch_x = 0;
 };
 
 // Rows per statistics partial: the epilogue subtile's height (CUTLASS's sm90 epilogue takes 128 rows
@@ -59,10 +58,11 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 // + statistics, L2 flushed; 786f642): promotion every 4 k-tiles 3.00-3.05 ms, every 2 3.36, every 8
 // 3.32; a 2x1 cluster multicasting W 3.56 (and 3.39 vs 3.20 in the per-k-tile design). Raster along M,
 // swizzle 4 was the best order (3.00 vs 3.05 for the heuristic with swizzle 8). 128x64 epilogue
-// subtiles (half the statistics merges, one stage less) ran 3.27 vs 3.01 (4bcc231's run).
+// subtiles (half the statistics merges, one stage less) ran 3.27 vs 3.01 (4bcc231's run). With x's
+// loads a k-tile ahead of its split (891f87e): 2.63 ms, against 3.47 for the same row without in
+// that run.
 inline constexpr TileConfig kSplitConfigs[] = {
-    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 1},  // 0: promotion every 128 columns, x's loads a k-tile ahead
-    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 0},  // 1: the same, x loaded where it is split (4bcc231's row 0)
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},  // 0: promotion every 128 columns
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);

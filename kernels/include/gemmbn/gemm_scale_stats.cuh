@@ -31,7 +31,7 @@ using OperandElement = cute::conditional_t<Operands == GemmOperands::bf16, cutla
 
 // CUTLASS's own mainloop for native operands, sized to the shared memory the epilogue leaves.
 template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, bool Split,
-          int PromoteTiles, int PrefetchX>
+          int PromoteTiles>
 struct MainloopFor {
   static constexpr int kAlignment = 16 / sizeof(Element);
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -43,18 +43,17 @@ struct MainloopFor {
 };
 // The split mainloop: as many stages as fit beside the epilogue (less 2 KB for the kernel's barriers,
 // scheduler storage and the 1024-byte alignment of the stages).
-template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, int PromoteTiles,
-          int PrefetchX>
-struct MainloopFor<Element, TileShape, ClusterShape, KernelSchedule, EpilogueBytes, true, PromoteTiles, PrefetchX> {
+template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, int PromoteTiles>
+struct MainloopFor<Element, TileShape, ClusterShape, KernelSchedule, EpilogueBytes, true, PromoteTiles> {
   static constexpr int kTileN = cute::size<1>(TileShape{});
   using Probe = mainloop::SplitF16x3Mainloop<2, ClusterShape, kTileN, PromoteTiles>;
   static constexpr int kStages =
       (cutlass::gemm::collective::detail::sm90_smem_capacity_bytes - EpilogueBytes - 2048) /
       (Probe::kStageBytes + int(sizeof(typename Probe::PipelineStorage)) / 2);
   static_assert(cute::is_same_v<TileShape, typename Probe::TileShape>, "split rows: 128 x N x split::kTileK tiles");
-  static_assert(kStages >= 3 + PrefetchX, "the consumer holds up to three stages (wgmmas i - 1 and i, split "
-                "of i + 1), and the prefetched k-tile's");
-  using type = mainloop::SplitF16x3Mainloop<kStages, ClusterShape, kTileN, PromoteTiles, PrefetchX != 0>;
+  static_assert(kStages >= 4, "the consumer holds up to four stages (wgmmas i - 1 and i, split of i + 1, "
+                "loads of i + 2)");
+  using type = mainloop::SplitF16x3Mainloop<kStages, ClusterShape, kTileN, PromoteTiles>;
 };
 
 template <GemmOperands Operands, int Index>
@@ -105,7 +104,7 @@ struct GemmScaleStatsKernel {
   using CollectiveMainloop =
       typename MainloopFor<Element, TileShape, ClusterShape, KernelSchedule,
                            static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)), kSplit,
-                           kConfig.promote_tiles, kConfig.prefetch_x>::type;
+                           kConfig.promote_tiles>::type;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
                                                       CollectiveEpilogue>;

@@ -23,7 +23,8 @@
 //   stage also brings the tile's 128 row scales (a 512-byte bulk copy): mma() sees no tile coordinate.
 // - The consumer splits k-tile i+1 while k-tile i's wgmmas run (two register buffers); it waits only
 //   for k-tile i-1's (wgmma.wait_group 1) before overwriting that buffer, and drains at the end of a
-//   promotion group.
+//   promotion group. x's shared-memory loads run a k-tile ahead of its split (k-tile i+2's are issued
+//   once i+1 is split): the loads' latency had been the consumers' main stall (perf/NOTES.md, v5).
 // - Accumulators: 64 (tensor-core group) + 64 (fp32) registers per thread for a 128x128 tile; a
 //   128x256 tile would need 256 and does not fit.
 #pragma once
@@ -49,10 +50,9 @@ struct SplitF16x3Arguments {
   float const* x_scale = nullptr;             // [ceil(M / 128) 128] from row_scales: 2^a[m]
 };
 
-// PromoteTiles: k-tiles per fp32 promotion; PrefetchX: x's shared-memory loads run one k-tile ahead.
-template <int Stages, class ClusterShape_, int TileN, int PromoteTiles, bool PrefetchX = false>
+// PromoteTiles: k-tiles per fp32 promotion.
+template <int Stages, class ClusterShape_, int TileN, int PromoteTiles>
 struct SplitF16x3Mainloop {
-  static constexpr bool kPrefetchX = PrefetchX;
   static constexpr int kTileM = split::kRowBlock;  // two consumer warpgroups of 64 rows
   static constexpr int kTileK = split::kTileK;
   static constexpr int kThreads = 256;
@@ -290,7 +290,8 @@ struct SplitF16x3Mainloop {
         }
       }
     };
-    // kPrefetchX: k-tile i+2's loads are issued while k-tile i+1 is split, so no split waits on them.
+    // k-tile i+2's loads are issued right after k-tile i+1 is split, so no split waits on them: 2.63
+    // vs 3.00 ms with each k-tile loaded where it is split (H200, 16384x4096->4096, 891f87e).
     XTile ahead;
     PipelineState smem_pipe_ahead = smem_pipe_read;  // the k-tile `ahead` comes from next
 
@@ -331,18 +332,11 @@ struct SplitF16x3Mainloop {
         warpgroup_wait<1>();  // the previous k-tile's wgmmas: its stage and `next`'s registers are free
         release(unreleased - 1);
         unreleased = 1;
-        if constexpr (kPrefetchX) {
-          convert(ahead, next);
-          if (k_tile_count > 2) {
-            pipeline.consumer_wait(smem_pipe_ahead);
-            load_stage(smem_pipe_ahead.index(), ahead);
-            ++smem_pipe_ahead;
-          }
-        } else {
-          pipeline.consumer_wait(smem_pipe_read);
-          XTile x;
-          load_stage(smem_pipe_read.index(), x);
-          convert(x, next);
+        convert(ahead, next);
+        if (k_tile_count > 2) {
+          pipeline.consumer_wait(smem_pipe_ahead);
+          load_stage(smem_pipe_ahead.index(), ahead);
+          ++smem_pipe_ahead;
         }
       }
       if (group_ends) {
@@ -370,12 +364,10 @@ struct SplitF16x3Mainloop {
       convert(x, tile_a);
     }
     ++smem_pipe_ahead;
-    if constexpr (kPrefetchX) {
-      if (k_tile_count > 1) {
-        pipeline.consumer_wait(smem_pipe_ahead);
-        load_stage(smem_pipe_ahead.index(), ahead);
-        ++smem_pipe_ahead;
-      }
+    if (k_tile_count > 1) {
+      pipeline.consumer_wait(smem_pipe_ahead);
+      load_stage(smem_pipe_ahead.index(), ahead);
+      ++smem_pipe_ahead;
     }
     CUTLASS_PRAGMA_NO_UNROLL
     while (k_tile_count > 0) {  // two k-tiles per trip, so the register buffers have fixed names
