@@ -16,7 +16,7 @@
 // - Scales per row, not per (row, k-tile): a k-tile scale would need a promotion (wgmma drain + an
 //   FFMA per accumulator) every k-tile and a max over the row's quad (two shuffles) on the consumer's
 //   critical path. Measured (H200, 16384x4096->4096): 3.2 ms that way, the consumer warps stalled on
-//   those chains with the tensor pipe 55% busy (perf/NOTES.md, v5).
+//   those chains with the tensor pipe 55% busy; 2.63 ms now (perf/NOTES.md, v5).
 // - x is loaded by TMA as two 128x16 fp32 halves per stage (64-byte rows, no swizzle): each thread reads
 //   one 16-byte vector per row and slice, a quarter warp two consecutive rows, with no bank conflict.
 //   split_weight orders W's columns within each 16-column slice to match (split::slice_column). Each
