@@ -15,6 +15,8 @@
 #   main-job          python -m gemmbn
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 # With a carried python/gemmbn/_C*.so the build is skipped and PYTHONPATH=python uses it.
+# GEMMBN_COMMIT: pass the commit (GEMMBN_COMMIT=abc1234 bash perf/gpu_session.sh ...): the device's copy of
+# .git has been stale, so its rev-parse names an older commit in the CSVs.
 # GEMMBN_SESSION_SECONDS (default 560) caps the whole call: each step's own time limit shrinks to what
 # is left, and a step with under 20 s left is skipped, so the logs are archived before the device
 # tool's 600 s limit kills the call.
