@@ -49,9 +49,7 @@ DType parse_dtype(const std::string& name) {
 gemmbn::GemmOperands parse_operands(const std::string& dtype, bool split) {
   const DType t = parse_dtype(dtype);
   if (split && t != DType::f32) fail("the split GEMM takes float32, got '" + dtype + "'");
-  if (split) return gemmbn::GemmOperands::f32_split;
-  return t == DType::f32 ? gemmbn::GemmOperands::tf32 : t == DType::bf16 ? gemmbn::GemmOperands::bf16
-                                                                         : gemmbn::GemmOperands::f16;
+  return gemmbn::gemm_operands(t, split);
 }
 
 const char* dtype_string(DType t) { return t == DType::f32 ? "float32" : t == DType::bf16 ? "bfloat16" : "float16"; }

@@ -69,12 +69,14 @@ struct GemmScaleStatsArgs {
   int swizzle = -1;  // tile scheduler's max swizzle size: 1, 2, 4 or 8
 };
 
-// The operand types a call runs (dtype, and the split weight for f32).
-inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) {
-  if (a.dtype == DType::bf16) return GemmOperands::bf16;
-  if (a.dtype == DType::f16) return GemmOperands::f16;
-  return a.weight_split ? GemmOperands::f32_split : GemmOperands::tf32;
+// The operand types of a dtype, split = the fp32-faithful GEMM (meaningful for f32 only).
+inline GemmOperands gemm_operands(DType dtype, bool split) {
+  if (dtype == DType::bf16) return GemmOperands::bf16;
+  if (dtype == DType::f16) return GemmOperands::f16;
+  return split ? GemmOperands::f32_split : GemmOperands::tf32;
 }
+// The operand types a call runs (dtype, and the split weight for f32).
+inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) { return gemm_operands(a.dtype, a.weight_split); }
 // The number of rows in the operands' configuration table (kernels/include/gemmbn/configs.h).
 int gemm_config_count(GemmOperands operands);
 // Row `config` of the table (config < 0: the row picked for the problem), as
