@@ -10,6 +10,7 @@
 #   tune              perf/tune_gemm.py at 16384x4096->4096 (every table row x tile order)
 #   tune-short        the same at 1024x8192->8192 (short-M cliffs)
 #   finish-bandwidth  finish_normalize against a device copy
+#   clocks            perf/clocks_under_load.py: ms, SM clock and power of gemmbn's and cuBLAS's GEMMs
 #   breakdown         each launch alone
 #   bench             perf/bench.py at the KernelBench shape, every provider
 #   main-job          python -m gemmbn
@@ -59,6 +60,8 @@ for name in $steps; do
         | tee "$out/tune_short.txt" | awk '/:/{c=0} {c++; if (c<=8) print}' ;;
     finish-bandwidth)
       timeout $(limit 60) python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt" ;;
+    clocks)
+      timeout $(limit 120) python3 perf/clocks_under_load.py 2>&1 | tee "$out/clocks.txt" ;;
     breakdown)
       timeout $(limit 90) python3 perf/breakdown.py 2>&1 | tee "$out/breakdown.txt" | tail -6 ;;
     bench)

@@ -12,6 +12,8 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "gemmbn/api.h"
 #include "gemmbn/device_info.h"
@@ -26,6 +28,7 @@ constexpr int kThreads = 256;
 constexpr int kLanesPerRow = 32;                       // threads across a row, one 16-byte vector each
 constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // rows a block touches per pass
 constexpr int kUnroll = 8;                             // independent 16-byte loads in flight per thread
+constexpr int kGroupRows = kRowsPerPass * kUnroll;     // rows of one phase-2 work item (one load batch)
 constexpr int kMergeColumns = 16;                      // columns per block in phase 1: 64 bytes of a tile row
 constexpr int kMergeLanes = kThreads / kMergeColumns;  // threads per column, each a strided set of tiles
 constexpr int kMergeBatch = 8;                         // partial loads in flight per thread
@@ -128,37 +131,52 @@ __device__ void merge_column_statistics(FinishParams<T> const& p) {
   }
 }
 
-// Phase 2, per work item (column stripe, row chunk): out[m, n] = y[m, n] alpha[n] + delta[n] with
+// Phase 2: out[m, n] = y[m, n] alpha[n] + delta[n] with
 //   alpha = gamma invstd, delta = beta - mean alpha   (fp32, as PyTorch's BatchNorm forms them)
-template <class T>
+// Work items are (column stripe, group of kGroupRows rows), taken bottom-up: item w covers stripe
+// w % stripes of row group (groups - 1 - w / stripes). The grid therefore sweeps y as one band from its
+// last rows to its first, (a) reading the rows the GEMM wrote last while they are still in L2 (its
+// persistent scheduler ends on the highest M-tiles) and (b) keeping every open DRAM page busy with
+// whole rows, where per-block row chunks had ~1000 streams scattered across the array.
+template <class T, bool kSweep>
 __device__ void normalize_rows(FinishParams<T> const& p) {
   using Vec = Vector16<T>;
   constexpr int kCols = kLanesPerRow * Vec::kSize;  // columns per stripe
   __shared__ float alpha_s[kCols], delta_s[kCols];
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
+  int loaded_stripe = -1;
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
     const int stripe = item % p.stripes;
-    const int64_t chunk = item / p.stripes;
-    const int col0 = stripe * kCols;
-    __syncthreads();  // the previous item's reads of alpha_s/delta_s are done
-    for (int c = threadIdx.x; c < kCols; c += kThreads) {
-      const int col = col0 + c;
-      float alpha = 0.f, delta = 0.f;
-      if (col < p.N) {
-        alpha = static_cast<float>(load_or(p.gamma, col, 1.0)) * p.save_invstd[col];
-        delta = fmaf(-p.save_mean[col], alpha, static_cast<float>(load_or(p.beta, col, 0.0)));
-      }
-      alpha_s[c] = alpha, delta_s[c] = delta;
+    int64_t row_begin, row_end;
+    if constexpr (kSweep) {
+      const int64_t groups = (p.M + kGroupRows - 1) / kGroupRows;
+      row_begin = (groups - 1 - item / p.stripes) * kGroupRows;
+      row_end = min(p.M, row_begin + kGroupRows);
+    } else {
+      row_begin = (item / p.stripes) * p.rows_per_chunk;
+      row_end = min(p.M, row_begin + p.rows_per_chunk);
     }
-    __syncthreads();
+    const int col0 = stripe * kCols;
+    if (stripe != loaded_stripe) {  // uniform across the block; once per block when the grid is a multiple of stripes
+      __syncthreads();              // the previous stripe's reads of alpha_s/delta_s are done
+      for (int c = threadIdx.x; c < kCols; c += kThreads) {
+        const int col = col0 + c;
+        float alpha = 0.f, delta = 0.f;
+        if (col < p.N) {
+          alpha = static_cast<float>(load_or(p.gamma, col, 1.0)) * p.save_invstd[col];
+          delta = fmaf(-p.save_mean[col], alpha, static_cast<float>(load_or(p.beta, col, 0.0)));
+        }
+        alpha_s[c] = alpha, delta_s[c] = delta;
+      }
+      __syncthreads();
+      loaded_stripe = stripe;
+    }
 
     const int vector_col = col0 + lane * Vec::kSize;
     if (vector_col >= p.N) continue;
     float alpha[Vec::kSize], delta[Vec::kSize];
 #pragma unroll
     for (int i = 0; i < Vec::kSize; ++i) alpha[i] = alpha_s[lane * Vec::kSize + i], delta[i] = delta_s[lane * Vec::kSize + i];
-    const int64_t row_begin = chunk * p.rows_per_chunk;
-    const int64_t row_end = min(p.M, row_begin + p.rows_per_chunk);
     for (int64_t r = row_begin + row_in_pass; r < row_end; r += kRowsPerPass * kUnroll) {
       Vec v[kUnroll];
 #pragma unroll
@@ -179,11 +197,11 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
 }
 
 // finish_normalize: phase 1 (column statistics), grid barrier, phase 2 (normalize). Cooperative launch.
-template <class T>
+template <class T, bool kSweep>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
   merge_column_statistics(p);
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
-  normalize_rows(p);
+  normalize_rows<T, kSweep>(p);
 }
 
 // Blocks of the kernel that fit on the device at once (a cooperative launch may not exceed it).
@@ -196,7 +214,7 @@ cudaError_t resident_blocks(int device, int sm_count, int& blocks) {
     return cudaSuccess;
   }
   int per_sm = 0;
-  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, finish_normalize_kernel<T>, kThreads, 0);
+  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, finish_normalize_kernel<T, true>, kThreads, 0);
   if (e != cudaSuccess) return e;
   blocks = per_sm * sm_count;
   if (device >= 0 && device < kMaxDevices) cached[device] = blocks;
@@ -232,21 +250,33 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
     }
     if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
     const int stripes = static_cast<int>((a.N + kCols - 1) / kCols);
-    // Row chunks so that the work items fill the resident blocks once (more items than blocks when the
-    // stripes alone outnumber them: blocks then loop over items).
-    const int64_t step = kRowsPerPass * kUnroll;
-    const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((a.M + step - 1) / step, max_blocks / stripes));
-    const int64_t rows_per_chunk = ((a.M + row_chunks - 1) / row_chunks + step - 1) / step * step;
-    const int64_t items = stripes * ((a.M + rows_per_chunk - 1) / rows_per_chunk);
-    const int blocks = static_cast<int>(std::min<int64_t>(items, max_blocks));
+    // EXPERIMENT (A/B on the H200, removed once measured): GEMMBN_FINISH_ORDER=chunks restores the
+    // per-block row chunks.
+    const char* order = std::getenv("GEMMBN_FINISH_ORDER");
+    const bool sweep = !(order && std::strcmp(order, "chunks") == 0);
+    int64_t rows_per_chunk = kGroupRows, items = 0;
+    int blocks = 0;
+    if (sweep) {
+      items = stripes * ((a.M + kGroupRows - 1) / kGroupRows);
+      // A multiple of the stripes, so that each block keeps one stripe (and its alpha/delta) throughout.
+      const int whole = stripes <= max_blocks ? max_blocks / stripes * stripes : max_blocks;
+      blocks = static_cast<int>(std::min<int64_t>(items, whole));
+    } else {
+      const int64_t step = kGroupRows;
+      const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((a.M + step - 1) / step, max_blocks / stripes));
+      rows_per_chunk = ((a.M + row_chunks - 1) / row_chunks + step - 1) / step * step;
+      items = stripes * ((a.M + rows_per_chunk - 1) / rows_per_chunk);
+      blocks = static_cast<int>(std::min<int64_t>(items, max_blocks));
+    }
     FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
                       static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
                       static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
                       a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, stripes,
                       rows_per_chunk, static_cast<int>(items)};
     void* kernel_args[] = {&p};
-    cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&finish_normalize_kernel<T>),
-                                                dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
+    const void* kernel = sweep ? reinterpret_cast<const void*>(&finish_normalize_kernel<T, true>)
+                               : reinterpret_cast<const void*>(&finish_normalize_kernel<T, false>);
+    cudaError_t e = cudaLaunchCooperativeKernel(kernel, dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
     return Status::from_cuda(e, "launching finish_normalize (cooperative)");
   });
 }

@@ -50,6 +50,8 @@ inline constexpr TileConfig kTf32Configs[] = {
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
+    {128, 128, 64, 2, 1, 32, 1, 0, 8},  // EXPERIMENT 1: ping-pong 128x128 (less L2 traffic per flop), W multicast
+    {128, 128, 64, 1, 2, 32, 1, 0, 8},  // EXPERIMENT 2: ping-pong 128x128, x multicast
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128

@@ -1,0 +1,106 @@
+"""Time per call, SM clock and power of each GEMM kernel under sustained load (one process).
+
+    python perf/clocks_under_load.py [--size M K N] [--seconds S] [--dtypes bfloat16,float32]
+
+Why: gemmbn's 16-bit GEMM runs ~13% behind cuBLAS's bare GEMM at 16384x4096->4096 with the same
+tensor-core instruction mix, and an H200 at its power limit lowers its clock. If cycles per call
+(time x clock) are level, the gap is power (energy per flop: L2 and shared-memory traffic); if the
+clocks are level, it is the schedule. Each candidate runs back to back for S seconds (no L2 flush:
+sustained throughput, as in training) while `nvidia-smi` samples the clock and power every 50 ms
+(read only; nothing is set). Candidates rotate twice, so drift falls on all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+from gemmbn import _native  # noqa: E402
+
+
+def sample_clocks(seconds: float, run_once) -> tuple[float, float, float]:
+    """(ms per call, median SM MHz, median W) while run_once() is called back to back for `seconds`."""
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "50", "-i", str(torch.cuda.current_device())],
+                           stdout=subprocess.PIPE, text=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        run_once()
+    torch.cuda.synchronize()
+    calls, t0 = 0, time.monotonic()
+    start.record()
+    while time.monotonic() - t0 < seconds:
+        for _ in range(20):
+            run_once()
+        calls += 20
+        end.record()
+        end.synchronize()  # keeps the queue short, so the wall clock and the GPU agree
+    ms = start.elapsed_time(end) / calls
+    smi.terminate()
+    out, _ = smi.communicate()
+    mhz, watts = [], []
+    for line in out.splitlines()[len(out.splitlines()) // 5:]:  # the first fifth: ramp-up
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            mhz.append(float(parts[0]))
+            watts.append(float(parts[1]))
+        except (ValueError, IndexError):
+            continue
+    return ms, statistics.median(mhz) if mhz else math.nan, statistics.median(watts) if watts else math.nan
+
+
+def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
+    C = _native.extension()
+    stream = torch.cuda.current_stream().cuda_stream
+    name = str(dtype).removeprefix("torch.")
+    x = torch.rand(M, K, device="cuda").to(dtype)
+    w = ((torch.rand(N, K, device="cuda") * 2 - 1) / math.sqrt(K)).to(dtype)
+    b, s = torch.randn(N, device="cuda").to(dtype), torch.randn(N, device="cuda").to(dtype)
+    y = torch.empty(M, N, device="cuda", dtype=dtype)
+    partial_rows, _ = C.gemm_config(name, M, N, K)
+    partials = torch.empty(2, -(-M // partial_rows), N, device="cuda")
+    wt = w.t()
+    return {
+        "gemmbn gemm+stats": lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None,
+                                                        stream),
+        "gemmbn gemm": lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream),
+        "cuBLAS addmm": lambda: torch.addmm(b, x, wt, out=y),
+        "cuBLAS mm": lambda: torch.mm(x, wt, out=y),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    args = parser.parse_args()
+    M, K, N = args.size
+    torch.backends.cuda.matmul.allow_tf32 = True  # float32 here means the TF32 kernels on both sides
+    print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N}  {args.seconds:.0f} s each, back to back, twice")
+    flops = 2.0 * M * N * K
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, dtype_name)
+        fns = candidates(dtype, M, K, N)
+        results = {k: [] for k in fns}
+        for _ in range(2):
+            for k, fn in fns.items():
+                results[k].append(sample_clocks(args.seconds, fn))
+        print(f"{dtype_name}:  {'':<18} {'ms':>7} {'TFLOP/s':>8} {'SM MHz':>7} {'W':>6} {'Mcycles':>8}")
+        for k, runs in results.items():
+            ms = statistics.median(r[0] for r in runs)
+            mhz = statistics.median(r[1] for r in runs)
+            watts = statistics.median(r[2] for r in runs)
+            print(f"  {k:<24} {ms:7.3f} {flops / ms / 1e9:8.0f} {mhz:7.0f} {watts:6.0f} {ms * mhz / 1e3:8.3f}")
+
+
+if __name__ == "__main__":
+    main()
