@@ -7,7 +7,9 @@ tensor-core instruction mix, and an H200 at its power limit lowers its clock. If
 (time x clock) are level, the gap is power (energy per flop: L2 and shared-memory traffic); if the
 clocks are level, it is the schedule. Each candidate runs back to back for S seconds (no L2 flush:
 sustained throughput, as in training) while `nvidia-smi` samples the clock and power every 50 ms
-(read only; nothing is set). Candidates rotate twice, so drift falls on all of them.
+(read only; nothing is set). Candidates rotate twice, so drift falls on all of them. Two regimes:
+  sustained  calls back to back (a training loop's steady state: the board at its power limit)
+  bursts     4 calls, then 30 ms idle (how perf/bench.py's interleaved rounds load the GPU)
 """
 
 from __future__ import annotations
@@ -22,39 +24,45 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+try:
+    import gemmbn  # noqa: F401 - an installed build (with its extension) wins
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 from gemmbn import _native  # noqa: E402
 
 
-def sample_clocks(seconds: float, run_once) -> tuple[float, float, float]:
-    """(ms per call, median SM MHz, median W) while run_once() is called back to back for `seconds`."""
+def sample_clocks(seconds: float, run_once, bursts: bool) -> tuple[float, float, float]:
+    """(median ms per call, median SM MHz, median W) while run_once() runs for `seconds`."""
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                             "-lms", "50", "-i", str(torch.cuda.current_device())],
                            stdout=subprocess.PIPE, text=True)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(3):
         run_once()
     torch.cuda.synchronize()
-    calls, t0 = 0, time.monotonic()
-    start.record()
+    times, t0 = [], time.monotonic()
     while time.monotonic() - t0 < seconds:
-        for _ in range(20):
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(4 if bursts else 20)]
+        for start, end in events:
+            start.record()
             run_once()
-        calls += 20
-        end.record()
-        end.synchronize()  # keeps the queue short, so the wall clock and the GPU agree
-    ms = start.elapsed_time(end) / calls
+            end.record()
+        events[-1][1].synchronize()  # keeps the queue short, so the wall clock and the GPU agree
+        times += [start.elapsed_time(end) for start, end in events]
+        if bursts:
+            time.sleep(0.03)
     smi.terminate()
     out, _ = smi.communicate()
+    lines = out.splitlines()
     mhz, watts = [], []
-    for line in out.splitlines()[len(out.splitlines()) // 5:]:  # the first fifth: ramp-up
+    for line in lines[len(lines) // 5:]:  # the first fifth: ramp-up
         parts = [p.strip() for p in line.split(",")]
         try:
             mhz.append(float(parts[0]))
             watts.append(float(parts[1]))
         except (ValueError, IndexError):
             continue
-    return ms, statistics.median(mhz) if mhz else math.nan, statistics.median(watts) if watts else math.nan
+    median = lambda v: statistics.median(v) if v else math.nan  # noqa: E731
+    return statistics.median(times), median(mhz), median(watts)
 
 
 def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
@@ -68,38 +76,43 @@ def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
     partial_rows, _ = C.gemm_config(name, M, N, K)
     partials = torch.empty(2, -(-M // partial_rows), N, device="cuda")
     wt = w.t()
-    return {
-        "gemmbn gemm+stats": lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None,
-                                                        stream),
-        "gemmbn gemm": lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream),
-        "cuBLAS addmm": lambda: torch.addmm(b, x, wt, out=y),
-        "cuBLAS mm": lambda: torch.mm(x, wt, out=y),
-    }
+    fns = {}
+    for row in range(len(C.gemm_configs(name, False))):
+        rows, _ = C.gemm_config(name, M, N, K, row)
+        row_partials = torch.empty(2, -(-M // rows), N, device="cuda")
+        fns[f"gemmbn row {row} gemm+stats"] = lambda row=row, pp=row_partials: C.gemm_scale_stats(
+            x, w, y, b, s, None, None, pp[0], pp[1], None, stream, config=row)
+    fns["gemmbn row 0 gemm"] = lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream,
+                                                          config=0)
+    fns["cuBLAS addmm"] = lambda: torch.addmm(b, x, wt, out=y)
+    fns["cuBLAS mm"] = lambda: torch.mm(x, wt, out=y)
+    return fns
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
-    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--seconds", type=float, default=1.5)
     parser.add_argument("--dtypes", default="bfloat16,float32")
     args = parser.parse_args()
     M, K, N = args.size
     torch.backends.cuda.matmul.allow_tf32 = True  # float32 here means the TF32 kernels on both sides
-    print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N}  {args.seconds:.0f} s each, back to back, twice")
+    print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N}  {args.seconds:g} s per candidate and regime, twice")
     flops = 2.0 * M * N * K
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
         fns = candidates(dtype, M, K, N)
-        results = {k: [] for k in fns}
-        for _ in range(2):
-            for k, fn in fns.items():
-                results[k].append(sample_clocks(args.seconds, fn))
-        print(f"{dtype_name}:  {'':<18} {'ms':>7} {'TFLOP/s':>8} {'SM MHz':>7} {'W':>6} {'Mcycles':>8}")
-        for k, runs in results.items():
-            ms = statistics.median(r[0] for r in runs)
-            mhz = statistics.median(r[1] for r in runs)
-            watts = statistics.median(r[2] for r in runs)
-            print(f"  {k:<24} {ms:7.3f} {flops / ms / 1e9:8.0f} {mhz:7.0f} {watts:6.0f} {ms * mhz / 1e3:8.3f}")
+        for regime in ("sustained", "bursts"):
+            results = {k: [] for k in fns}
+            for _ in range(2):
+                for k, fn in fns.items():
+                    results[k].append(sample_clocks(args.seconds, fn, regime == "bursts"))
+            print(f"{dtype_name} {regime}:  {'':<18} {'ms':>7} {'TFLOP/s':>8} {'SM MHz':>7} {'W':>6} {'Mcycles':>8}")
+            for k, runs in results.items():
+                ms = statistics.median(r[0] for r in runs)
+                mhz = statistics.median(r[1] for r in runs)
+                watts = statistics.median(r[2] for r in runs)
+                print(f"  {k:<28} {ms:7.3f} {flops / ms / 1e9:8.0f} {mhz:7.0f} {watts:6.0f} {ms * mhz / 1e3:8.3f}")
 
 
 if __name__ == "__main__":

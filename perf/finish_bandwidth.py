@@ -12,7 +12,6 @@ Bandwidth = bytes read + written / median time. Reported per dtype, with finish 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +23,7 @@ from bench import Timer
 from gemmbn import _native
 
 
-def measure(name: str, dtype: torch.dtype, M: int, N: int, K: int, timer: Timer) -> None:
+def measure(name: str, dtype: torch.dtype, M: int, N: int, timer: Timer) -> None:
     """Print finish, copy and in-place times and bandwidths for one dtype."""
     C = _native.extension()
     stream = torch.cuda.current_stream().cuda_stream
@@ -40,42 +39,17 @@ def measure(name: str, dtype: torch.dtype, M: int, N: int, K: int, timer: Timer)
     partials[1].fill_(float(tile_m))  # M2 ~ n var with var 1
     gamma, beta = torch.ones(N, device="cuda", dtype=dtype), torch.zeros(N, device="cuda", dtype=dtype)
     save = torch.empty(2, N, device="cuda")
-    def with_order(order, fn):  # EXPERIMENT: finish_normalize reads GEMMBN_FINISH_ORDER per call
-        def run():
-            os.environ["GEMMBN_FINISH_ORDER"] = order
-            fn()
-        return run
-
-    finish = lambda: C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None,  # noqa: E731
-                                        None, 0.1, 1e-5, save[0], save[1], stream)
-    # The forward's order: the GEMM writes y, then the finish reads it with the GEMM's last rows in L2.
-    x = torch.rand(M, K, device="cuda").to(dtype)
-    w = ((torch.rand(N, K, device="cuda") * 2 - 1) / K**0.5).to(dtype)
-    b, s = torch.randn(N, device="cuda").to(dtype), torch.randn(N, device="cuda").to(dtype)
-    partial_rows, _ = C.gemm_config(name, M, N, K)
-    gemm_partials = torch.empty(2, -(-M // partial_rows), N, device="cuda")
-
-    def gemm_then_finish():
-        C.gemm_scale_stats(x, w, y, b, s, None, None, gemm_partials[0], gemm_partials[1], None, stream)
-        C.finish_normalize(y, y, gemm_partials[0], gemm_partials[1], partial_rows, gamma, beta, None, None, None,
-                           0.1, 1e-5, save[0], save[1], stream)
-
     candidates = {
-        "finish": with_order("sweep", finish),
-        "finish-chunks": with_order("chunks", finish),
+        "finish": lambda: C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None,
+                                             None, 0.1, 1e-5, save[0], save[1], stream),
         "copy": lambda: y2.copy_(y),
         "in-place": lambda: y.mul_(1.0),
-        "gemm+finish": with_order("sweep", gemm_then_finish),
-        "gemm+finish-chunks": with_order("chunks", gemm_then_finish),
     }
     times = dict(zip(candidates, timer.interleaved(list(candidates.values()))))
     moved = 2 * y.numel() * y.element_size()
     medians = {k: statistics.median(v) for k, v in times.items()}
     for k, ms in medians.items():
-        if k.startswith("gemm"):
-            print(f"  {name:<9} {k:<19} {ms * 1e3:8.1f} us")
-            continue
-        print(f"  {name:<9} {k:<19} {ms * 1e3:8.1f} us  {moved / ms / 1e9:6.2f} TB/s  "
+        print(f"  {name:<9} {k:<9} {ms * 1e3:8.1f} us  {moved / ms / 1e9:6.2f} TB/s  "
               f"{medians['copy'] / ms:6.1%} of copy")
 
 
@@ -88,7 +62,7 @@ def main() -> None:
     timer = Timer(torch.device("cuda"), args.iters, warmup=3)
     print(f"{torch.cuda.get_device_name()}  y [{M}, {N}]  median of {args.iters}, interleaved, L2 flushed")
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        measure(name, dtype, M, N, 4096, timer)
+        measure(name, dtype, M, N, timer)
 
 
 if __name__ == "__main__":

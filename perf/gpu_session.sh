@@ -61,7 +61,7 @@ for name in $steps; do
     finish-bandwidth)
       timeout $(limit 60) python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt" ;;
     clocks)
-      timeout $(limit 120) python3 perf/clocks_under_load.py 2>&1 | tee "$out/clocks.txt" ;;
+      timeout $(limit 170) python3 perf/clocks_under_load.py 2>&1 | tee "$out/clocks.txt" ;;
     breakdown)
       timeout $(limit 90) python3 perf/breakdown.py 2>&1 | tee "$out/breakdown.txt" | tail -6 ;;
     bench)

@@ -12,8 +12,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "gemmbn/api.h"
 #include "gemmbn/device_info.h"
@@ -28,10 +26,9 @@ constexpr int kThreads = 256;
 constexpr int kLanesPerRow = 32;                       // threads across a row, one 16-byte vector each
 constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // rows a block touches per pass
 constexpr int kUnroll = 8;                             // independent 16-byte loads in flight per thread
-constexpr int kGroupRows = kRowsPerPass * kUnroll;     // rows of one phase-2 work item (one load batch)
 constexpr int kMergeColumns = 16;                      // columns per block in phase 1: 64 bytes of a tile row
 constexpr int kMergeLanes = kThreads / kMergeColumns;  // threads per column, each a strided set of tiles
-constexpr int kMergeBatch = 8;                         // partial loads in flight per thread
+constexpr int kMergeBatch = 8;                         // tiles per thread per load round
 
 template <class T>
 struct FinishParams {
@@ -53,50 +50,28 @@ struct FinishParams {
   int items;               // stripes x row chunks
 };
 
-// Phase 1, per column n, from the per-tile partials (n_t rows, mean_t, M2_t) of y, in fp64:
-//   mean_y = sum_t n_t mean_t / M,   var_y = (sum_t M2_t + n_t (mean_t - mean_y)^2) / M
-// (Chan's merge written for all tiles at once: deviations are taken from the final mean, so nothing
-// cancels). Running stats: r <- (1-f) r + f stat, f = momentum or 1/batches_tracked; var unbiased.
+// Phase 1, per column n, from the per-tile partials (n_t rows, mean_t, M2_t) of y, in one read, in fp64:
+//   S1 = sum_t n_t (mean_t - c),   S2 = sum_t M2_t + n_t (mean_t - c)^2,   c = mean_0 (tile 0's mean)
+//   mean_y = c + S1 / M,   var_y = (S2 - S1^2 / M) / M
+// The shift c keeps the subtraction harmless: S2 - S1^2/M = M2 loses a factor 1 + (mean_y - c)^2 / var_y
+// of fp64's 1e-16, and c is a 64- or 128-row mean, so even a column whose first rows sit 1e4 standard
+// deviations from the rest stays at 1e-8, below the fp32 partials' own rounding. (The previous two-pass
+// form, deviations from the final mean, read the partials twice: two dependent DRAM rounds.)
+// Running stats: r <- (1-f) r + f stat, f = momentum or 1/batches_tracked; var unbiased.
 // A block takes kMergeColumns columns; its kMergeLanes threads per column each sum a strided set of
-// tiles with kMergeBatch loads in flight (the partials come from DRAM: a serial chain of loads here
-// cost ~50 us), then one thread per column adds the lanes' sums in a fixed order.
+// tiles with kMergeBatch tiles' loads in flight, then one thread per column adds the lanes' sums in a
+// fixed order (the same bits on every run).
 template <class T>
 __device__ void merge_column_statistics(FinishParams<T> const& p) {
-  __shared__ double lane_sums[kMergeLanes][kMergeColumns];
-  __shared__ double column_mean[kMergeColumns];
+  __shared__ double lane_s1[kMergeLanes][kMergeColumns], lane_s2[kMergeLanes][kMergeColumns];
   const int column_offset = threadIdx.x % kMergeColumns, tile_lane = threadIdx.x / kMergeColumns;
   const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
   auto tile_rows = [&](int t) { return static_cast<double>(min(int64_t(p.tile_rows), p.M - int64_t(t) * p.tile_rows)); };
-  auto lanes_total = [&](int column) {  // fixed order: the same bits on every run
-    double total = 0;
-#pragma unroll
-    for (int lane = 0; lane < kMergeLanes; ++lane) total += lane_sums[lane][column];
-    return total;
-  };
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
     const int col = group * kMergeColumns + column_offset;
     const bool valid = col < p.N;
-    double sum = 0;
-    for (int t0 = tile_lane; t0 < p.tiles; t0 += kMergeLanes * kMergeBatch) {
-      float mean_t[kMergeBatch];
-#pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
-        const int t = t0 + j * kMergeLanes;
-        mean_t[j] = valid && t < p.tiles ? p.partial_mean[int64_t(t) * p.N + col] : 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < kMergeBatch; ++j) {
-        const int t = t0 + j * kMergeLanes;
-        if (t < p.tiles) sum += tile_rows(t) * mean_t[j];
-      }
-    }
-    lane_sums[tile_lane][column_offset] = sum;
-    __syncthreads();
-    if (tile_lane == 0) column_mean[column_offset] = lanes_total(column_offset) / static_cast<double>(p.M);
-    __syncthreads();
-    const double mean = column_mean[column_offset];
-
-    double m2 = 0;
+    const double shift = valid ? p.partial_mean[col] : 0.0;
+    double s1 = 0, s2 = 0;
     for (int t0 = tile_lane; t0 < p.tiles; t0 += kMergeLanes * kMergeBatch) {
       float mean_t[kMergeBatch], m2_t[kMergeBatch];
 #pragma unroll
@@ -110,73 +85,65 @@ __device__ void merge_column_statistics(FinishParams<T> const& p) {
       for (int j = 0; j < kMergeBatch; ++j) {
         const int t = t0 + j * kMergeLanes;
         if (t >= p.tiles) continue;
-        const double deviation = mean_t[j] - mean;
-        m2 += m2_t[j] + tile_rows(t) * deviation * deviation;
+        const double n_t = tile_rows(t), deviation = mean_t[j] - shift;
+        s1 = fma(n_t, deviation, s1);
+        s2 += fma(n_t * deviation, deviation, double(m2_t[j]));
       }
     }
-    lane_sums[tile_lane][column_offset] = m2;
+    lane_s1[tile_lane][column_offset] = s1;
+    lane_s2[tile_lane][column_offset] = s2;
     __syncthreads();
     if (tile_lane == 0 && valid) {
-      const double var_y = lanes_total(column_offset) / static_cast<double>(p.M);
+      double total1 = 0, total2 = 0;  // fixed order
+#pragma unroll
+      for (int lane = 0; lane < kMergeLanes; ++lane) total1 += lane_s1[lane][column_offset], total2 += lane_s2[lane][column_offset];
+      const double rows = static_cast<double>(p.M);
+      const double mean = shift + total1 / rows;
+      const double var_y = fmax(total2 - total1 * (total1 / rows), 0.0) / rows;
       p.save_mean[col] = static_cast<float>(mean);
       p.save_invstd[col] = static_cast<float>(1.0 / sqrt(var_y + p.eps));
       if (p.running_mean != nullptr) {
         const double f = p.cumulative ? 1.0 / static_cast<double>(*p.batches_tracked) : p.momentum;
-        const double unbiased = var_y * static_cast<double>(p.M) / static_cast<double>(p.M - 1);
+        const double unbiased = var_y * rows / (rows - 1);
         p.running_mean[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_mean[col]) + f * mean));
         p.running_var[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_var[col]) + f * unbiased));
       }
     }
-    __syncthreads();  // lane_sums is reused by the next group
+    __syncthreads();  // lane_s1/lane_s2 are reused by the next group
   }
 }
 
-// Phase 2: out[m, n] = y[m, n] alpha[n] + delta[n] with
+// Phase 2, per work item (column stripe, row chunk): out[m, n] = y[m, n] alpha[n] + delta[n] with
 //   alpha = gamma invstd, delta = beta - mean alpha   (fp32, as PyTorch's BatchNorm forms them)
-// Work items are (column stripe, group of kGroupRows rows), taken bottom-up: item w covers stripe
-// w % stripes of row group (groups - 1 - w / stripes). The grid therefore sweeps y as one band from its
-// last rows to its first, (a) reading the rows the GEMM wrote last while they are still in L2 (its
-// persistent scheduler ends on the highest M-tiles) and (b) keeping every open DRAM page busy with
-// whole rows, where per-block row chunks had ~1000 streams scattered across the array.
-template <class T, bool kSweep>
+template <class T>
 __device__ void normalize_rows(FinishParams<T> const& p) {
   using Vec = Vector16<T>;
   constexpr int kCols = kLanesPerRow * Vec::kSize;  // columns per stripe
   __shared__ float alpha_s[kCols], delta_s[kCols];
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
-  int loaded_stripe = -1;
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
     const int stripe = item % p.stripes;
-    int64_t row_begin, row_end;
-    if constexpr (kSweep) {
-      const int64_t groups = (p.M + kGroupRows - 1) / kGroupRows;
-      row_begin = (groups - 1 - item / p.stripes) * kGroupRows;
-      row_end = min(p.M, row_begin + kGroupRows);
-    } else {
-      row_begin = (item / p.stripes) * p.rows_per_chunk;
-      row_end = min(p.M, row_begin + p.rows_per_chunk);
-    }
+    const int64_t chunk = item / p.stripes;
     const int col0 = stripe * kCols;
-    if (stripe != loaded_stripe) {  // uniform across the block; once per block when the grid is a multiple of stripes
-      __syncthreads();              // the previous stripe's reads of alpha_s/delta_s are done
-      for (int c = threadIdx.x; c < kCols; c += kThreads) {
-        const int col = col0 + c;
-        float alpha = 0.f, delta = 0.f;
-        if (col < p.N) {
-          alpha = static_cast<float>(load_or(p.gamma, col, 1.0)) * p.save_invstd[col];
-          delta = fmaf(-p.save_mean[col], alpha, static_cast<float>(load_or(p.beta, col, 0.0)));
-        }
-        alpha_s[c] = alpha, delta_s[c] = delta;
+    __syncthreads();  // the previous item's reads of alpha_s/delta_s are done
+    for (int c = threadIdx.x; c < kCols; c += kThreads) {
+      const int col = col0 + c;
+      float alpha = 0.f, delta = 0.f;
+      if (col < p.N) {
+        alpha = static_cast<float>(load_or(p.gamma, col, 1.0)) * p.save_invstd[col];
+        delta = fmaf(-p.save_mean[col], alpha, static_cast<float>(load_or(p.beta, col, 0.0)));
       }
-      __syncthreads();
-      loaded_stripe = stripe;
+      alpha_s[c] = alpha, delta_s[c] = delta;
     }
+    __syncthreads();
 
     const int vector_col = col0 + lane * Vec::kSize;
     if (vector_col >= p.N) continue;
     float alpha[Vec::kSize], delta[Vec::kSize];
 #pragma unroll
     for (int i = 0; i < Vec::kSize; ++i) alpha[i] = alpha_s[lane * Vec::kSize + i], delta[i] = delta_s[lane * Vec::kSize + i];
+    const int64_t row_begin = chunk * p.rows_per_chunk;
+    const int64_t row_end = min(p.M, row_begin + p.rows_per_chunk);
     for (int64_t r = row_begin + row_in_pass; r < row_end; r += kRowsPerPass * kUnroll) {
       Vec v[kUnroll];
 #pragma unroll
@@ -197,11 +164,11 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
 }
 
 // finish_normalize: phase 1 (column statistics), grid barrier, phase 2 (normalize). Cooperative launch.
-template <class T, bool kSweep>
+template <class T>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
   merge_column_statistics(p);
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
-  normalize_rows<T, kSweep>(p);
+  normalize_rows(p);
 }
 
 // Blocks of the kernel that fit on the device at once (a cooperative launch may not exceed it).
@@ -214,7 +181,7 @@ cudaError_t resident_blocks(int device, int sm_count, int& blocks) {
     return cudaSuccess;
   }
   int per_sm = 0;
-  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, finish_normalize_kernel<T, true>, kThreads, 0);
+  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, finish_normalize_kernel<T>, kThreads, 0);
   if (e != cudaSuccess) return e;
   blocks = per_sm * sm_count;
   if (device >= 0 && device < kMaxDevices) cached[device] = blocks;
@@ -250,33 +217,21 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
     }
     if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
     const int stripes = static_cast<int>((a.N + kCols - 1) / kCols);
-    // EXPERIMENT (A/B on the H200, removed once measured): GEMMBN_FINISH_ORDER=chunks restores the
-    // per-block row chunks.
-    const char* order = std::getenv("GEMMBN_FINISH_ORDER");
-    const bool sweep = !(order && std::strcmp(order, "chunks") == 0);
-    int64_t rows_per_chunk = kGroupRows, items = 0;
-    int blocks = 0;
-    if (sweep) {
-      items = stripes * ((a.M + kGroupRows - 1) / kGroupRows);
-      // A multiple of the stripes, so that each block keeps one stripe (and its alpha/delta) throughout.
-      const int whole = stripes <= max_blocks ? max_blocks / stripes * stripes : max_blocks;
-      blocks = static_cast<int>(std::min<int64_t>(items, whole));
-    } else {
-      const int64_t step = kGroupRows;
-      const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((a.M + step - 1) / step, max_blocks / stripes));
-      rows_per_chunk = ((a.M + row_chunks - 1) / row_chunks + step - 1) / step * step;
-      items = stripes * ((a.M + rows_per_chunk - 1) / rows_per_chunk);
-      blocks = static_cast<int>(std::min<int64_t>(items, max_blocks));
-    }
+    // Row chunks so that the work items fill the resident blocks once (more items than blocks when the
+    // stripes alone outnumber them: blocks then loop over items).
+    const int64_t step = kRowsPerPass * kUnroll;
+    const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((a.M + step - 1) / step, max_blocks / stripes));
+    const int64_t rows_per_chunk = ((a.M + row_chunks - 1) / row_chunks + step - 1) / step * step;
+    const int64_t items = stripes * ((a.M + rows_per_chunk - 1) / rows_per_chunk);
+    const int blocks = static_cast<int>(std::min<int64_t>(items, max_blocks));
     FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
                       static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
                       static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
                       a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, stripes,
                       rows_per_chunk, static_cast<int>(items)};
     void* kernel_args[] = {&p};
-    const void* kernel = sweep ? reinterpret_cast<const void*>(&finish_normalize_kernel<T, true>)
-                               : reinterpret_cast<const void*>(&finish_normalize_kernel<T, false>);
-    cudaError_t e = cudaLaunchCooperativeKernel(kernel, dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
+    cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&finish_normalize_kernel<T>),
+                                                dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
     return Status::from_cuda(e, "launching finish_normalize (cooperative)");
   });
 }
