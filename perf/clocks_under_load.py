@@ -92,7 +92,7 @@ def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
-    parser.add_argument("--seconds", type=float, default=1.5)
+    parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--dtypes", default="bfloat16,float32")
     args = parser.parse_args()
     M, K, N = args.size

@@ -1,5 +1,6 @@
 // Validation, configuration choice and per-type dispatch of the fused GEMM; device queries.
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "gemmbn/api.h"
@@ -26,9 +27,14 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // 128x256 tile (measured at M = 1024 and 2048 against 16384), everything else row 0.
 int select_config(GemmOperands operands, int M, int N, int K) {
   (void)N, (void)K;
-  constexpr int kShortM = 2048;
-  constexpr int kDefaultRow = 0, kTf32ShortMRow = 1;
-  return operands == GemmOperands::tf32 && M <= kShortM ? kTf32ShortMRow : kDefaultRow;
+  // EXPERIMENT (A/B in perf/bench.py on the H200; removed once measured).
+  const char* forced = std::getenv(operands == GemmOperands::tf32 ? "GEMMBN_EXPERIMENT_ROW_TF32"
+                                   : operands == GemmOperands::f32_split ? "GEMMBN_EXPERIMENT_ROW_SPLIT"
+                                                                         : "GEMMBN_EXPERIMENT_ROW_HALF");
+  if (forced) return std::atoi(forced);
+  if (operands == GemmOperands::tf32) return 1;
+  if (operands == GemmOperands::f32_split) return 0;
+  return 1;
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }

@@ -47,6 +47,7 @@ inline constexpr int partial_rows(TileConfig const& c) {
 inline constexpr TileConfig kTf32Configs[] = {
     {64, 256, 32, 2, 1, 32, 1, 0, 8},   // 0: ping-pong, a warpgroup per 64-row tile; W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
+    {128, 128, 32, 2, 1, 32, 1, 0, 8},  // EXPERIMENT 2: ping-pong 128x128, W multicast
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
