@@ -58,18 +58,24 @@ def test_split_workspace_sizes():
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
 def test_selection_follows_the_measured_rule(dtype, split):
-    # select_config: TF32 at M <= 2048 takes row 1 (cooperative 128x256), everything else row 0
-    # (16-bit and TF32: ping-pong 64x256, 2x1 cluster; split: 128x128 without a cluster); configs.h
-    # quotes the sweeps behind it.
+    # select_config: ping-pong 128x128 with a 2x1 cluster (row 0) except at short M, where TF32 takes the
+    # cooperative 128x256 row for 512 < M <= 2048 and 16-bit data the 1x2-cluster row for M <= 2048;
+    # split: 128x128 without a cluster. configs.h quotes the sweeps behind it.
     rows = _C.gemm_configs(dtype, split)
-    tile = {index: (row["partial_rows"], row["tile_n"]) for index, row in enumerate(rows)}
-    if split:
-        assert (rows[0]["tile_m"], rows[0]["tile_n"], rows[0]["cluster_m"]) == (128, 128, 1)
-    else:
-        assert (rows[0]["tile_m"], rows[0]["tile_n"], rows[0]["pingpong"], rows[0]["cluster_m"]) == (64, 256, 1, 2)
+    layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
-    for M in (16384, 2049, 2048, 1024):
-        expected = 1 if tf32 and M <= 2048 else 0
-        assert _C.gemm_config(dtype, M, 8192, 8192, -1, split) == tile[expected]
-    if tf32:
-        assert (rows[1]["tile_m"], rows[1]["tile_n"], rows[1]["pingpong"], rows[1]["cluster_m"]) == (128, 256, 0, 1)
+    if split:
+        assert layout(rows[0]) == (128, 128, 0, 1, 1)
+    else:
+        assert layout(rows[0]) == (128, 128, 1, 2, 1)
+        assert layout(rows[1]) == ((128, 256, 0, 1, 1) if tf32 else (128, 128, 1, 1, 2))
+    for M in (65536, 16384, 2049, 2048, 1024, 513, 512, 256, 2):
+        if split:
+            expected = 0
+        elif tf32:
+            expected = 1 if 512 < M <= 2048 else 0
+        else:
+            expected = 1 if M <= 2048 else 0
+        assert _C.gemm_selected_config(dtype, M, 8192, 8192, split) == expected, M
+        assert _C.gemm_config(dtype, M, 8192, 8192, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])
+

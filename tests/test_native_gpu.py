@@ -209,6 +209,34 @@ def test_training_pipeline(name, momentum):
     assert _rel(running_var, rv_ref) < stat_tol
 
 
+@pytest.mark.parametrize("mean_offset", [1e4, -3e2])
+def test_finish_survives_an_outlying_first_tile(mean_offset):
+    # finish_normalize shifts its fp64 sums by tile 0's mean; here tile 0 sits far from every other row
+    # and every column's mean far from 0, so a wrong shift, weight or count shows against float64. The
+    # partials are computed here in float64 from y, as the GEMM's node defines them, then rounded to fp32.
+    M, N, tile_rows = 4096, 264, 64
+    g = torch.Generator(device="cuda").manual_seed(11)
+    y = 50 + torch.randn(M, N, device="cuda", generator=g, dtype=torch.float64)
+    y[:tile_rows] += mean_offset
+    y = y.float()
+    tiles = y.double().view(M // tile_rows, tile_rows, N)
+    pm = tiles.mean(1).float()
+    pm2 = ((tiles - tiles.mean(1, keepdim=True)) ** 2).sum(1).float()
+    gamma, beta = torch.ones(N, device="cuda"), torch.zeros(N, device="cuda")
+    out = torch.full_like(y, float("nan"))
+    save_mean = torch.full((N,), float("nan"), device="cuda")
+    save_invstd = torch.full((N,), float("nan"), device="cuda")
+    _C.finish_normalize(y, out, pm, pm2, tile_rows, gamma, beta, None, None, None, 0.1, 1e-5, save_mean,
+                        save_invstd, _stream())
+    torch.cuda.synchronize()
+    y64 = y.double()
+    mean64, var64 = y64.mean(0), y64.var(0, unbiased=False)
+    # fp32 partials carry ~6e-8 of |tile mean| each; the merge itself adds nothing visible in fp64.
+    assert _rel(save_mean, mean64) < 1e-6
+    assert _rel(save_invstd, 1 / torch.sqrt(var64 + 1e-5)) < 1e-6
+    assert _rel(out, (y64 - mean64) / torch.sqrt(var64 + 1e-5)) < 1e-5
+
+
 @pytest.mark.parametrize("name", list(OPERANDS))
 def test_deterministic(name):
     x, w, b, s = _problem(1000, 512, 264, _dtype(name), seed=2)

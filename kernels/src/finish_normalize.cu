@@ -1,14 +1,17 @@
 // Finish the batch statistics from the per-tile partials, update the running statistics, normalize.
 //
 // One cooperative launch in two phases separated by a grid-wide barrier:
-//   1. statistics: each column's partials are merged once (not once per block), its mean and invstd
-//      saved and its running statistics updated;
+//   1. statistics: each column's partials are merged once (not once per block), in one read, its mean
+//      and invstd saved and its running statistics updated;
 //   2. normalize: every block streams rows of y through out = y * alpha[n] + delta[n].
 // The earlier design merged a block's columns in every block (the 33-66 blocks sharing a column stripe
 // each re-read its 128 tile partials) and left DRAM idle during that prologue: 0.224 ms for a pass
-// whose floor is 0.122 ms at 16384x4096 fp32. Now 88% (fp32) and 85% (bf16) of a device copy
-// (perf/finish_bandwidth.py); streaming the array flat (grid-stride, all columns' alpha/delta in smem)
-// measured the same in fp32 and 62% in bf16, so phase 2 keeps its (column stripe, row chunk) items.
+// whose floor is 0.122 ms at 16384x4096 fp32. Now 89% (fp32, 146 us) and 86% (bf16, 78.5 us) of a device
+// copy (perf/finish_bandwidth.py); torch's in-place mul_ reaches 99.5%, so ~11-15 us are phase 1, the
+// grid barrier and the cooperative launch. Tried and dropped: streaming the array flat (grid-stride, all
+// columns' alpha/delta in smem: same in fp32, 62% in bf16); a bottom-up sweep of phase 2 to reread the
+// GEMM's last rows from L2 (848 vs 842 us GEMM + finish in bf16, 1657 vs 1657 in fp32: no L2 gain);
+// an L2 prefetch of each block's first rows before phase 1.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -54,9 +57,10 @@ struct FinishParams {
 //   S1 = sum_t n_t (mean_t - c),   S2 = sum_t M2_t + n_t (mean_t - c)^2,   c = mean_0 (tile 0's mean)
 //   mean_y = c + S1 / M,   var_y = (S2 - S1^2 / M) / M
 // The shift c keeps the subtraction harmless: S2 - S1^2/M = M2 loses a factor 1 + (mean_y - c)^2 / var_y
-// of fp64's 1e-16, and c is a 64- or 128-row mean, so even a column whose first rows sit 1e4 standard
-// deviations from the rest stays at 1e-8, below the fp32 partials' own rounding. (The previous two-pass
-// form, deviations from the final mean, read the partials twice: two dependent DRAM rounds.)
+// of fp64's 1e-16, and since M2 >= n_0 (c - mean_y)^2 (tile 0's share of the spread) that factor is at
+// most 1 + M / n_0, the number of tiles: 1e-12 at a million tiles, far below the fp32 partials' own
+// rounding. (The previous form, deviations from the final mean, read the partials twice: two
+// dependent DRAM rounds, ~2 us more at 16384x4096.)
 // Running stats: r <- (1-f) r + f stat, f = momentum or 1/batches_tracked; var unbiased.
 // A block takes kMergeColumns columns; its kMergeLanes threads per column each sum a strided set of
 // tiles with kMergeBatch tiles' loads in flight, then one thread per column adds the lanes' sums in a

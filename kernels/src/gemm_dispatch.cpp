@@ -1,6 +1,5 @@
 // Validation, configuration choice and per-type dispatch of the fused GEMM; device queries.
 #include <cstdint>
-#include <cstdlib>
 #include <utility>
 
 #include "gemmbn/api.h"
@@ -23,21 +22,22 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
                   GEMMBN_SPLIT_ROWS == kSplitConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
-// Row by shape from the sweeps quoted in configs.h: TF32 problems with few rows take the cooperative
-// 128x256 tile (measured at M = 1024 and 2048 against 16384), everything else row 0.
+// Row by shape from the sweeps quoted in configs.h: the ping-pong 128x128 rows, except at short M, where
+// the 2x1 cluster's tile order falls off a cliff: there TF32 takes the cooperative 128x256 row (above
+// M = 512; at fewer rows its 128x256 tiles leave SMs idle) and 16-bit data the 1x2-cluster row.
 int select_config(GemmOperands operands, int M, int N, int K) {
   (void)N, (void)K;
-  // EXPERIMENT (A/B in perf/bench.py on the H200; removed once measured).
-  const char* forced = std::getenv(operands == GemmOperands::tf32 ? "GEMMBN_EXPERIMENT_ROW_TF32"
-                                   : operands == GemmOperands::f32_split ? "GEMMBN_EXPERIMENT_ROW_SPLIT"
-                                                                         : "GEMMBN_EXPERIMENT_ROW_HALF");
-  if (forced) return std::atoi(forced);
-  if (operands == GemmOperands::tf32) return 1;
-  if (operands == GemmOperands::f32_split) return 0;
-  return 1;
+  constexpr int kShortM = 2048, kFewRows = 512;
+  switch (operands) {
+    case GemmOperands::tf32: return M <= kShortM && M > kFewRows ? 1 : 0;
+    case GemmOperands::f32_split: return 0;
+    default: return M <= kShortM ? 1 : 0;
+  }
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }
+
+int gemm_selected_config(GemmOperands operands, int M, int N, int K) { return select_config(operands, M, N, K); }
 
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields]) {
   if (config < 0) config = select_config(operands, M, N, K);

@@ -154,6 +154,12 @@ NB_MODULE(_C, m) {
      "(partial_rows, tile_n) of the GEMM configuration row used for this problem (config < 0: the one chosen "
      "for it); partial_rows rows per statistics partial. split: the fp32-faithful GEMM's table.");
 
+  m.def("gemm_selected_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, bool split) {
+    return gemmbn::gemm_selected_config(parse_operands(dtype, split), checked_int(M, "M"), checked_int(N, "N"),
+                                        checked_int(K, "K"));
+  }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("split") = false,
+     "Index of the configuration row (gemm_configs) the GEMM runs for this problem by default.");
+
   m.def("gemm_configs", [](const std::string& dtype, bool split) {
     const gemmbn::GemmOperands operands = parse_operands(dtype, split);
     std::vector<std::map<std::string, int>> rows;

@@ -79,6 +79,8 @@ inline GemmOperands gemm_operands(DType dtype, bool split) {
 inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) { return gemm_operands(a.dtype, a.weight_split); }
 // The number of rows in the operands' configuration table (kernels/include/gemmbn/configs.h).
 int gemm_config_count(GemmOperands operands);
+// The table row the GEMM runs for this problem when the call leaves config < 0.
+int gemm_selected_config(GemmOperands operands, int M, int N, int K);
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
 // partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if config is

@@ -29,30 +29,36 @@ inline constexpr int partial_rows(TileConfig const& c) {
   return c.tile_m < subtile_rows ? c.tile_m : subtile_rows;
 }
 
-// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape: TF32 row 1 at M <= 2048, else row 0.
-// Kept rows won somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM + statistics, L2
-// flushed, ms):
-// - 16384x4096->4096: ping-pong 64x256, 2x1 cluster, swizzle 8 in every dtype (TF32 1.553-1.585 vs cuBLAS mm
-//   1.601; bf16 0.788-0.804 vs addmm 0.780-0.803). Cooperative 128x256 TF32 rows ran 1.72-1.81 whatever
-//   their epilogue subtile (4 stages), k-depth (8 stages) or cluster; 4x1 and 2x2 clusters lost 9-13%.
-// - TF32 at M <= 2048: cooperative 128x256 without a cluster, 128x16 epilogue subtile, swizzle 8: 0.360 vs
-//   row 0 0.389 at 1024x8192->8192, 0.752 vs 0.755 at 2048x8192->8192, 0.189 vs 0.197 at 2048x4096->4096.
-// - 16-bit cooperative rows at 16384x4096->4096 (H200, 2026-12-01, three runs): 256x128 with a 1x2
-//   cluster (cuBLAS nvjet's tile; two 128-row statistics partials per tile) 0.869-0.887 ms and 128x256
-//   with 2x1 0.884-0.901, against row 0's 0.776-0.787 (bf16; fp16 alike): dropped.
-// - Dropped for cliffs: the tile order of the persistent scheduler can double a short-M GEMM's time. The
-//   bf16 cooperative 128x256 row (2x1 cluster) ran 0.372 vs row 0's 0.388 at 2048x8192->8192 with swizzle
-//   8 but 0.386 vs 0.207 at 1024x8192->8192; a TF32 ping-pong row without a cluster ran 0.735 at swizzle 8
-//   and 1.406 at swizzle 1 at 2048x8192->8192, the reverse at 1024. Row 0 showed no cliff at any size.
+// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape (rule there). Kept rows won
+// somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM + statistics, L2 flushed, ms;
+// 2026-12-01 unless said otherwise; "64x256" is the ping-pong 64x256 c2x1 row that was row 0 until then):
+// - Ping-pong 128x128 tiles beat 64x256 ones: a third less L2 -> shared-memory traffic per flop, which
+//   is both cycles at full clock and energy under the power limit (perf/clocks_under_load.py). bf16 at
+//   16384x4096->4096: 0.728 vs 0.768 (tune_gemm), 0.719 vs 0.763 at 1980 MHz and 0.849 vs 0.873
+//   power-limited at ~1400 MHz (clocks_under_load); 4096x4096->4096 0.188 vs 0.203, 65536x1024->1024
+//   0.294 vs 0.309, 16384x8192->512 0.198 vs 0.209, 4096x8192->2048 0.186 vs 0.200. TF32 (c2x1): equal
+//   at 16384x4096->4096 (1.531 vs 1.526; 1.667 vs 1.678 power-limited), ahead at 4096x4096->4096 (0.370
+//   vs 0.390), 4096x8192->2048 (0.352 vs 0.378), 65536x512->512, 4096x512->8192, 256x4096->4096.
+// - Cliffs of the c2x1 128-row tiles at short M: 1024x8192->8192 at swizzle 8 ran 0.485 ms in bf16 (0.190
+//   at swizzle 1) and 0.971 in TF32; at 2048x4096->4096 bf16 0.112 vs c1x2's 0.103. So M <= 2048 takes
+//   the c1x2 row in 16-bit (0.188 at 1024x8192->8192, 0.103 at 2048x4096->4096) and the cooperative
+//   128x256 row in TF32 (0.358-0.373 vs 64x256's 0.38-0.39 at 1024x8192->8192). The c1x2 row has cliffs
+//   of its own at small N and large M (0.528 vs 0.294 at 65536x1024->1024, 0.489 vs 0.198 at
+//   16384x8192->512), hence not beyond M = 2048. A row enters the rule only after a sweep over M.
+// - The cooperative 128x256 TF32 row at large M depends on the power state: 1.433 vs 1.531 at full clock,
+//   1.70 vs 1.54 in a long sweep at the power limit; not chosen there. Its 32 tiles at M = 256 leave most
+//   SMs idle (0.106 vs 0.070), so it takes only 512 < M <= 2048.
+// - Dropped earlier (at 16384x4096->4096): 16-bit cooperative 256x128 c1x2 (cuBLAS nvjet's tile) 0.869-0.887
+//   and 128x256 c2x1 0.884-0.901 vs 64x256's 0.776-0.787; cooperative TF32 rows with 4 or 8 stages; 4x1 and
+//   2x2 clusters (9-13% slower); a TF32 ping-pong row without a cluster (0.735 at swizzle 8, 1.406 at
+//   swizzle 1 at 2048x8192->8192, the reverse at 1024).
 inline constexpr TileConfig kTf32Configs[] = {
-    {64, 256, 32, 2, 1, 32, 1, 0, 8},   // 0: ping-pong, a warpgroup per 64-row tile; W multicast to 2 CTAs
+    {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
-    {128, 128, 32, 2, 1, 32, 1, 0, 8},  // EXPERIMENT 2: ping-pong 128x128, W multicast
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
-    {64, 256, 64, 2, 1, 32, 1, 0, 8},   // 0: ping-pong
-    {128, 128, 64, 2, 1, 32, 1, 0, 8},  // EXPERIMENT 1: ping-pong 128x128 (less L2 traffic per flop), W multicast
-    {128, 128, 64, 1, 2, 32, 1, 0, 8},  // EXPERIMENT 2: ping-pong 128x128, x multicast
+    {128, 128, 64, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
+    {128, 128, 64, 1, 2, 32, 1, 0, 8},  // 1: ping-pong 128x128, x multicast to 2 CTAs (short M)
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128

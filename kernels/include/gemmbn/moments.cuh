@@ -1,5 +1,5 @@
 // Chan's pairwise merge of (count, mean, M2) statistics, shared by the GEMM epilogue node and
-// bias_scale_moments (finish_normalize merges all tiles at once, in its own two passes). M2 is the sum of squared deviations from the mean: merging (n, mean, M2)
+// bias_scale_moments (finish_normalize merges all tiles at once, with shifted sums). M2 is the sum of squared deviations from the mean: merging (n, mean, M2)
 // pairs never subtracts two large sums, so the variance survives |mean| >> std.
 #pragma once
 
