@@ -73,13 +73,11 @@ def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
     w = ((torch.rand(N, K, device="cuda") * 2 - 1) / math.sqrt(K)).to(dtype)
     b, s = torch.randn(N, device="cuda").to(dtype), torch.randn(N, device="cuda").to(dtype)
     y = torch.empty(M, N, device="cuda", dtype=dtype)
-    partial_rows, _ = C.gemm_config(name, M, N, K)
-    partials = torch.empty(2, -(-M // partial_rows), N, device="cuda")
     wt = w.t()
     fns = {}
     for row in range(len(C.gemm_configs(name, False))):
-        rows, _ = C.gemm_config(name, M, N, K, row)
-        row_partials = torch.empty(2, -(-M // rows), N, device="cuda")
+        partial_rows, _ = C.gemm_config(name, M, N, K, row)
+        row_partials = torch.empty(2, -(-M // partial_rows), N, device="cuda")
         fns[f"gemmbn row {row} gemm+stats"] = lambda row=row, pp=row_partials: C.gemm_scale_stats(
             x, w, y, b, s, None, None, pp[0], pp[1], None, stream, config=row)
     fns["gemmbn row 0 gemm"] = lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream,
