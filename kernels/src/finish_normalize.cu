@@ -227,7 +227,10 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
     const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((a.M + step - 1) / step, max_blocks / stripes));
     const int64_t rows_per_chunk = ((a.M + row_chunks - 1) / row_chunks + step - 1) / step * step;
     const int64_t items = stripes * ((a.M + rows_per_chunk - 1) / rows_per_chunk);
-    const int blocks = static_cast<int>(std::min<int64_t>(items, max_blocks));
+    // Phase 1 takes a block per kMergeColumns columns: at small M the normalize items are few (8 at
+    // 128x512) and each block would otherwise merge several column groups one after another.
+    const int64_t merge_groups = (a.N + kMergeColumns - 1) / kMergeColumns;
+    const int blocks = static_cast<int>(std::min<int64_t>(std::max(items, merge_groups), max_blocks));
     FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
                       static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
                       static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
