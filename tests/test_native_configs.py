@@ -59,9 +59,10 @@ def test_split_workspace_sizes():
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
 def test_selection_follows_the_measured_rule(dtype, split):
-    # select_config: ping-pong 128x128 with a 2x1 cluster (row 0) except at short M, where TF32 takes the
-    # cooperative 128x256 row for 512 < M <= 2048 and 16-bit data the 1x2-cluster row for M <= 2048;
-    # split: 128x128 without a cluster. configs.h quotes the sweeps behind it.
+    # select_config (gemm_dispatch.cpp; sweeps quoted in configs.h): small problems by their count of
+    # 128x128 tiles and K take the 64x64 (row 3) or 64x128 (row 2) rows; larger ones ping-pong 128x128 with
+    # a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048 (the
+    # 64x128 row below), 16-bit data the 1x2-cluster row for M <= 2048. split: 128x128 without a cluster.
     rows = _C.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
@@ -70,13 +71,29 @@ def test_selection_follows_the_measured_rule(dtype, split):
     else:
         assert layout(rows[0]) == (128, 128, 1, 2, 1)
         assert layout(rows[1]) == ((128, 256, 0, 1, 1) if tf32 else (128, 128, 1, 1, 2))
-    for M in (65536, 16384, 2049, 2048, 1024, 513, 512, 256, 2):
-        if split:
-            expected = 0
-        elif tf32:
-            expected = 1 if 512 < M <= 2048 else 0
-        else:
-            expected = 1 if M <= 2048 else 0
-        assert _C.gemm_selected_config(dtype, M, 8192, 8192, split) == expected, M
-        assert _C.gemm_config(dtype, M, 8192, 8192, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])
-
+        assert layout(rows[2]) == (64, 128, 1, 1, 1)
+        assert layout(rows[3]) == (64, 64, 1, 1, 1)
+    # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
+    expected_rows = {
+        (128, 1024, 512): (3, 3),  # 4 tiles
+        (256, 1024, 1024): (3, 3),  # 16 tiles
+        (512, 2048, 512): (3, 3),  # 16 tiles, K > 1024
+        (1024, 1024, 1024): (3, 3),  # 64 tiles, short K
+        (512, 2048, 2048): (2, 3),  # 64 tiles: TF32 only 64x64 with short K
+        (256, 4096, 4096): (2, 3),
+        (256, 8192, 8192): (2, 1),  # 128 tiles, under a wave
+        (4096, 1024, 1024): (2, 2),  # 256 tiles, short K
+        (4096, 1025, 1024): (0, 0),  # the same, K past short
+        (4352, 1024, 1024): (0, 0),  # 272 tiles: past two waves
+        (1024, 4096, 4096): (1, 1),
+        (512, 4096, 8192): (2, 1),  # 256 tiles at M <= 512: TF32 64x128
+        (2048, 4096, 4096): (1, 1),
+        (2049, 4096, 4096): (0, 0),
+        (1024, 8192, 8192): (1, 1),
+        (16384, 4096, 4096): (0, 0),
+        (65536, 1024, 1024): (0, 0),
+    }
+    for (M, K, N), (tf32_row, half_row) in expected_rows.items():
+        expected = 0 if split else tf32_row if tf32 else half_row
+        assert _C.gemm_selected_config(dtype, M, N, K, split) == expected, (M, K, N)
+        assert _C.gemm_config(dtype, M, N, K, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])

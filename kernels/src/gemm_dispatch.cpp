@@ -22,17 +22,23 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
                   GEMMBN_SPLIT_ROWS == kSplitConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
-// Row by shape from the sweeps quoted in configs.h: the ping-pong 128x128 rows, except at short M, where
-// the 2x1 cluster's tile order falls off a cliff: there TF32 takes the cooperative 128x256 row (above
-// M = 512; at fewer rows its 128x256 tiles leave SMs idle) and 16-bit data the 1x2-cluster row.
+// Row by shape from the sweeps quoted in configs.h. Small problems first, by the number of 128x128 tiles
+// (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost exposed):
+// up to 16 such tiles, or 64 with K <= 1024 (and any K in 16-bit), 64x64 tiles; under a wave (TF32),
+// or up to two waves with K <= 1024, 64x128 tiles. Larger problems take the ping-pong 128x128 rows,
+// except at short M, where the 2x1 cluster's tile order falls off a cliff: there TF32 takes the
+// cooperative 128x256 row (above M = 512; at fewer rows the 64x128 row) and 16-bit data the
+// 1x2-cluster row.
 int select_config(GemmOperands operands, int M, int N, int K) {
-  (void)N, (void)K;
-  constexpr int kShortM = 2048, kFewRows = 512;
-  switch (operands) {
-    case GemmOperands::tf32: return M <= kShortM && M > kFewRows ? 1 : 0;
-    case GemmOperands::f32_split: return 0;
-    default: return M <= kShortM ? 1 : 0;
-  }
+  if (operands == GemmOperands::f32_split) return 0;
+  constexpr int kWave = 132, kShortK = 1024, kShortM = 2048, kFewRows = 512;
+  constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
+  const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
+  const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
+  if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
+  if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
+  if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM ? kShortMRow : kWide;
+  return M <= kShortM ? kShortMRow : kWide;
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }

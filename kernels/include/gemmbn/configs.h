@@ -48,6 +48,16 @@ inline constexpr int partial_rows(TileConfig const& c) {
 // - The cooperative 128x256 TF32 row at large M depends on the power state: 1.433 vs 1.531 at full clock,
 //   1.70 vs 1.54 in a long sweep at the power limit; not chosen there. Its 32 tiles at M = 256 leave most
 //   SMs idle (0.106 vs 0.070), so it takes only 512 < M <= 2048.
+// - Small problems (perf/gpu_session.sh tune-small, a820b05 + these rows; GEMM + statistics ms, TF32 / bf16,
+//   "T" = 128x128 tiles): the 128-row rows put one tile on each of a few SMs. 64x64 (row 3) wins at
+//   128x1024->512 (T 4: 0.011 / 0.011 vs 0.040 / 0.030 for the rows chosen before; cuBLAS mm 0.012 /
+//   0.008), 256x1024->1024 (T 16: 0.013 / 0.011 vs 0.031 / 0.029), 1024x1024->1024 (T 64: 0.017 / 0.014
+//   vs 64x128's 0.019 / 0.016); 64x128 (row 2) at 256x4096->4096 (T 64: 0.042 vs 64x64's 0.055 in TF32,
+//   0.027 vs 0.028 bf16), 256x8192->8192 in TF32 (T 128: 0.167 vs 0.178 for 128x256 and 0.251 for
+//   128x128; bf16 keeps c1x2 128x128: 0.073 vs 0.087), 4096x1024->1024 (T 256, short K: 0.039 / 0.030 vs
+//   128x128 c2x1's 0.044 / 0.037). Ties within 5%: 512x2048->2048 (0.028 vs 0.029 TF32, 0.019 vs 0.018
+//   bf16). Unchanged where T >= 256 with K >= 4096: 1024x4096->4096 (128x256 0.110, c1x2 0.055 vs
+//   64x128's 0.169 / 0.086), 2048x4096->4096 and 1024x8192->8192.
 // - Dropped earlier (at 16384x4096->4096): 16-bit cooperative 256x128 c1x2 (cuBLAS nvjet's tile) 0.869-0.887
 //   and 128x256 c2x1 0.884-0.901 vs 64x256's 0.776-0.787; cooperative TF32 rows with 4 or 8 stages; 4x1 and
 //   2x2 clusters (9-13% slower); a TF32 ping-pong row without a cluster (0.735 at swizzle 8, 1.406 at
@@ -55,10 +65,14 @@ inline constexpr int partial_rows(TileConfig const& c) {
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
+    {64, 128, 32, 1, 1, 32, 1, 0, 8},   // 2: ping-pong 64x128 (few tiles: small M x N)
+    {64, 64, 32, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {128, 128, 64, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 128, 64, 1, 2, 32, 1, 0, 8},  // 1: ping-pong 128x128, x multicast to 2 CTAs (short M)
+    {64, 128, 64, 1, 1, 32, 1, 0, 8},   // 2: ping-pong 64x128 (few tiles: small M x N)
+    {64, 64, 64, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128
