@@ -161,22 +161,54 @@ struct GemmScaleStatsKernel {
                                                      : RasterOrder::Heuristic;
     arguments.scheduler.max_swizzle_size = a.swizzle > 0 ? a.swizzle : kConfig.swizzle;
 
-    Gemm gemm;
-    if (gemm.can_implement(arguments) != cutlass::Status::kSuccess) {
+    if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess) {
       return Status::invalid("CUTLASS cannot implement this GEMM (shape or alignment)");
     }
     if (Gemm::get_workspace_size(arguments) != 0) {
       return {Status::cutlass_error, cudaSuccess, "unexpected CUTLASS workspace request"};
     }
-    if (gemm.initialize(arguments, nullptr, stream) != cutlass::Status::kSuccess) {
-      return Status::from_cuda(cudaGetLastError(), "initializing the CUTLASS GEMM");
+    // The kernel's parameters (TMA descriptors, scheduler) built directly and launched below instead of
+    // through GemmUniversalAdapter::initialize/run, which set two function attributes on every call;
+    // here the shared-memory limit is set once per device and the cluster (at most 2 CTAs) is portable.
+    typename Kernel::Params params = Kernel::to_underlying_arguments(arguments, nullptr);
+    if (cudaError_t e = allow_shared_storage(hw_info.device_id); e != cudaSuccess) {
+      return Status::from_cuda(e, "raising the GEMM's shared memory limit");
     }
-    if (gemm.run(stream) != cutlass::Status::kSuccess) {
-      cudaError_t e = cudaGetLastError();
-      return e != cudaSuccess ? Status::from_cuda(e, "launching the CUTLASS GEMM")
-                              : Status{Status::cutlass_error, cudaSuccess, "launching the CUTLASS GEMM"};
-    }
-    return Status::from_cuda(cudaGetLastError(), "launching the CUTLASS GEMM");
+    return launch(params, stream);
+  }
+
+  // cudaFuncSetAttribute for the kernel's dynamic shared memory, once per device (attributes are per
+  // device context); concurrent first calls both set it, which is harmless.
+  static cudaError_t allow_shared_storage(int device) {
+    constexpr int kMaxDevices = 64;
+    static bool done[kMaxDevices] = {};
+    const bool cacheable = device >= 0 && device < kMaxDevices;
+    if (cacheable && done[device]) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         int(Kernel::SharedStorageSize));
+    if (e == cudaSuccess && cacheable) done[device] = true;
+    return e;
+  }
+
+  // One cudaLaunchKernelEx with the row's cluster shape on the caller's stream.
+  static Status launch(typename Kernel::Params& params, cudaStream_t stream) {
+    static_assert(kConfig.cluster_m * kConfig.cluster_n <= 8, "portable cluster sizes only (no opt-in attribute)");
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kConfig.cluster_m;
+    cluster.val.clusterDim.y = kConfig.cluster_n;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = Kernel::get_grid_shape(params);
+    config.blockDim = Kernel::get_block_shape();
+    config.dynamicSmemBytes = Kernel::SharedStorageSize;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    void* kernel_params[] = {&params};
+    cudaError_t e = cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(&cutlass::device_kernel<Kernel>),
+                                        kernel_params);
+    return Status::from_cuda(e, "launching the CUTLASS GEMM");
   }
 };
 
