@@ -3,7 +3,8 @@
     python perf/finish_bandwidth.py [--size M N] [--iters 30]
 
 One process, candidates timed interleaved with the L2 flushed before each call (perf/bench.py's Timer):
-  finish       gemmbn's finish_normalize in place over y (reads y once, writes it once)
+  finish       gemmbn's finish_normalize in place over y (reads y once, writes it once), with the
+               partials' row count the GEMM's selected row writes at M x N (K = N)
   copy         torch: y2.copy_(y)           (reads and writes the same bytes: the ceiling)
   in-place     torch: y.mul_(1.0)           (the same access pattern as finish, one elementwise op)
 Bandwidth = bytes read + written / median time. Reported per dtype, with finish / copy.
@@ -27,7 +28,7 @@ def measure(name: str, dtype: torch.dtype, M: int, N: int, timer: Timer) -> None
     """Print finish, copy and in-place times and bandwidths for one dtype."""
     C = _native.extension()
     stream = torch.cuda.current_stream().cuda_stream
-    tile_m = 128
+    tile_m, _ = C.gemm_config({torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype], M, N, N)
     tiles = -(-M // tile_m)
     y = torch.randn(M, N, device="cuda").to(dtype)
     y2 = torch.empty_like(y)
@@ -60,7 +61,8 @@ def main() -> None:
     args = parser.parse_args()
     M, N = args.size
     timer = Timer(torch.device("cuda"), args.iters, warmup=3)
-    print(f"{torch.cuda.get_device_name()}  y [{M}, {N}]  median of {args.iters}, interleaved, L2 flushed")
+    print(f"{torch.cuda.get_device_name()}  y [{M}, {N}]  median of {args.iters}, interleaved, L2 flushed "
+          "(partials included)")
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         measure(name, dtype, M, N, timer)
 

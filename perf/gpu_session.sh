@@ -9,9 +9,11 @@
 #   tests             the GPU tests (tests/test_native_gpu.py, tests/test_fused_gpu.py)
 #   tune              perf/tune_gemm.py at 16384x4096->4096 (every table row x tile order)
 #   tune-short        the same at 1024x8192->8192 (short-M cliffs)
+#   tune-small        the same at small M x N (few 128x128 tiles: the 64-row rows' territory), TF32 and bf16
 #   finish-bandwidth  finish_normalize against a device copy
 #   clocks            perf/clocks_under_load.py: ms, SM clock and power of gemmbn's and cuBLAS's GEMMs
 #   breakdown         each launch alone
+#   host              perf/host_overhead.py --profile and perf/anatomy.py at the tiny shape (host-bound)
 #   bench             perf/bench.py at the KernelBench shape, every provider
 #   main-job          python -m gemmbn
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
@@ -58,10 +60,22 @@ for name in $steps; do
     tune-short)
       timeout $(limit 120) python3 perf/tune_gemm.py --size 1024 8192 8192 --swizzles 1,8 --out "$out/tune_short.csv" 2>&1 \
         | tee "$out/tune_short.txt" | awk '/:/{c=0} {c++; if (c<=8) print}' ;;
+    tune-small)
+      for size in "128 1024 512" "256 1024 1024" "256 4096 4096" "256 8192 8192" "512 2048 2048" \
+                  "1024 1024 1024" "1024 4096 4096" "4096 1024 1024" "2048 4096 4096" "1024 8192 8192"; do
+        (( $(limit 20) < 20 )) && break
+        timeout $(limit 60) python3 perf/tune_gemm.py --size $size --dtypes float32,bfloat16 --rasters 0 \
+          --swizzles 8 --iters 15 --out "$out/tune_small_${size// /x}.csv" 2>&1 | tee -a "$out/tune_small.txt" \
+          | awk '/:/{c=0} {c++; if (c<=7) print}'
+      done ;;
     finish-bandwidth)
       timeout $(limit 60) python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt" ;;
     clocks)
       timeout $(limit 170) python3 perf/clocks_under_load.py 2>&1 | tee "$out/clocks.txt" ;;
+    host)
+      timeout $(limit 120) python3 perf/host_overhead.py --profile 2>&1 | tee "$out/host.txt" | head -40
+      timeout $(limit 90) python3 perf/anatomy.py --size 128 1024 512 --dtype bfloat16 2>&1 \
+        | tee "$out/anatomy_tiny.txt" | tail -25 ;;
     breakdown)
       timeout $(limit 90) python3 perf/breakdown.py 2>&1 | tee "$out/breakdown.txt" | tail -6 ;;
     bench)

@@ -5,7 +5,9 @@
 For gemmbn, eager and torch.compile: wall time of `calls` forwards issued back to back with one
 synchronization at the end, divided by `calls`. While the GPU work per forward is shorter than the
 host's, this is the host cost per forward (the GPU time per forward is printed beside it, from CUDA
-events around the whole loop, to show which side bounds it). --profile adds gemmbn's cProfile table.
+events around the whole loop, to show which side bounds it). --profile adds gemmbn's cProfile table
+(the extension's functions are not Python functions to cProfile: their time shows in their callers'
+tottime) and the host time of each gemmbn._C call a forward makes, alone, with its DLPack capsules.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import pstats
 import time
 
 import torch
+from gemmbn import _native
 from models import reference_drop_in_compiled
+from torch.utils.dlpack import to_dlpack
 
 
 def per_call_us(fn, calls: int) -> tuple[float, float]:
@@ -33,6 +37,34 @@ def per_call_us(fn, calls: int) -> tuple[float, float]:
     host = (time.perf_counter() - start) / calls * 1e6
     torch.cuda.synchronize()
     return host, start_event.elapsed_time(end_event) / calls * 1e3
+
+
+def binding_calls(drop_in, x: torch.Tensor, calls: int) -> None:
+    """Host us per call of each gemmbn._C function the training forward calls, capsules included."""
+    C = _native.extension()
+    weight, bias, scale = drop_in.gemm.weight.detach(), drop_in.gemm.bias.detach(), drop_in.scale.detach()
+    gamma, beta = drop_in.bn.weight.detach(), drop_in.bn.bias.detach()
+    (M, K), N = x.shape, weight.shape[0]
+    name = str(x.dtype).removeprefix("torch.")
+    tile_rows, _ = C.gemm_config(name, M, N, K)
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    partial_means, partial_m2s = torch.empty(2, -(-M // tile_rows), N, device=x.device)
+    save_mean, save_invstd = torch.empty(2, N, device=x.device)
+    stream = torch.cuda.current_stream().cuda_stream
+    d = to_dlpack
+    candidates = {
+        "10 x to_dlpack": lambda: [d(t) for t in (x, weight, y, bias, scale, partial_means, partial_m2s, y, y, y)],
+        "gemm_config": lambda: C.gemm_config(name, M, N, K),
+        "gemm_scale_stats": lambda: C.gemm_scale_stats(d(x), d(weight), d(y), d(bias), d(scale), None, None,
+                                                       d(partial_means), d(partial_m2s), None, stream),
+        "finish_normalize": lambda: C.finish_normalize(d(y), d(y), d(partial_means), d(partial_m2s), tile_rows,
+                                                       d(gamma), d(beta), None, None, None, 0.1, 1e-5,
+                                                       d(save_mean), d(save_invstd), stream),
+    }
+    print("  gemmbn._C calls alone (capsules made in the call):")
+    for label, fn in candidates.items():
+        host, device = per_call_us(fn, calls)
+        print(f"    {label:18s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
 
 
 def main() -> None:
@@ -60,6 +92,7 @@ def main() -> None:
             profiler.disable()
             torch.cuda.synchronize()
             pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+            binding_calls(drop_in, x, args.calls)
 
 
 if __name__ == "__main__":
