@@ -26,9 +26,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost
 // exposed): 64x64 tiles up to 16 such tiles, and up to 64 when K <= 1024 or the data is 16-bit; 64x128
 // tiles under one wave in TF32, and up to two waves when K <= 1024. Larger problems take the ping-pong
-// 128x128 rows,
-// except at short M, where the 2x1 cluster's tile order falls off a cliff: there TF32 takes the
-// cooperative 128x256 row (above M = 512; at fewer rows the 64x128 row) and 16-bit data the
+// 128x128 rows, except at short M, where the 2x1 cluster's tile order falls off a cliff: there TF32
+// takes the cooperative 128x256 row (above M = 512; at fewer rows the 64x128 row) and 16-bit data the
 // 1x2-cluster row.
 int select_config(GemmOperands operands, int M, int N, int K) {
   if (operands == GemmOperands::f32_split) return 0;
