@@ -8,7 +8,7 @@ _C = pytest.importorskip("gemmbn._C", reason="the native extension is not built"
 TABLES = [("float32", False), ("bfloat16", False), ("float16", False), ("float32", True)]
 TABLE_IDS = ["tf32", "bf16", "fp16", "split"]
 FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster", "swizzle",
-          "promote_tiles", "partial_rows"}
+          "promote_tiles", "stream_k", "partial_rows"}
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -27,7 +27,10 @@ def test_every_row_is_a_valid_configuration(dtype, split):
         assert row["tile_n"] % 16 == 0 and row["cluster_m"] >= 1 and row["cluster_n"] >= 1
         assert row["raster"] in (0, 1, 2) and row["swizzle"] in (1, 2, 4, 8)
         assert row["epilogue_n"] == 0 or row["tile_n"] % row["epilogue_n"] == 0
+        # CUTLASS's stream-K scheduler takes cooperative kernels only.
+        assert row["stream_k"] in (0, 1) and not (row["stream_k"] and row["pingpong"])
         if split:
+            assert row["stream_k"] == 0
             # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only.
             assert (row["tile_m"], row["tile_n"], row["tile_k"], row["pingpong"], row["cluster_n"]) == (128, 128, 32, 0, 1)
             assert row["promote_tiles"] >= 1
@@ -43,6 +46,19 @@ def test_gemm_config_reports_the_row_used(dtype, split):
     assert _C.gemm_config(dtype, 16384, 4096, 4096, -1, split) in {(r["partial_rows"], r["tile_n"]) for r in rows}
     with pytest.raises(ValueError, match="config"):
         _C.gemm_config(dtype, 1000, 264, 512, len(rows), split)
+
+
+@pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
+def test_workspace_is_asked_for_stream_k_rows_only(dtype, split):
+    # Rows without stream-K answer 0 without touching a device; the stream-K rows' size depends on the
+    # device's SM count, so tests/test_native_gpu.py checks those.
+    for index, row in enumerate(_C.gemm_configs(dtype, split)):
+        if not row["stream_k"]:
+            assert _C.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split) == 0
+            with pytest.raises(ValueError, match="stream-K"):
+                _C.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split, splits=2)
+    with pytest.raises(ValueError, match="config"):
+        _C.gemm_workspace_bytes(dtype, 1000, 264, 512, len(_C.gemm_configs(dtype, split)), split)
 
 
 def test_split_is_float32_only():
@@ -62,7 +78,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # select_config (gemm_dispatch.cpp; sweeps quoted in configs.h): small problems by their count of
     # 128x128 tiles and K take the 64x64 (row 3) or 64x128 (row 2) rows; larger ones ping-pong 128x128 with
     # a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048 (the
-    # 64x128 row below), 16-bit data the 1x2-cluster row for M <= 2048. split: 128x128 without a cluster.
+    # 64x128 row below), 16-bit data the 1x2-cluster row for M <= 2048; TF32 under a wave of tiles with
+    # K > 4096 the cooperative stream-K 128x128 row (row 4). split: 128x128 without a cluster.
     rows = _C.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
@@ -73,6 +90,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[1]) == ((128, 256, 0, 1, 1) if tf32 else (128, 128, 1, 1, 2))
         assert layout(rows[2]) == (64, 128, 1, 1, 1)
         assert layout(rows[3]) == (64, 64, 1, 1, 1)
+        if tf32:
+            assert layout(rows[4]) == (128, 128, 0, 1, 1) and rows[4]["stream_k"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
     expected_rows = {
         (128, 1024, 512): (3, 3),  # 4 tiles
@@ -81,7 +100,10 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (1024, 1024, 1024): (3, 3),  # 64 tiles, short K
         (512, 2048, 2048): (2, 3),  # 64 tiles: TF32 only 64x64 with short K
         (256, 4096, 4096): (2, 3),
-        (256, 8192, 8192): (2, 1),  # 128 tiles, under a wave
+        (256, 8192, 8192): (4, 1),  # 128 tiles, under a wave, K > 4096: TF32 stream-K
+        (4096, 8192, 512): (4, 0),
+        (4096, 4096, 512): (2, 0),  # the same tiles at K = 4096
+        (1024, 8192, 512): (2, 3),  # 32 tiles: not past 64
         (4096, 1024, 1024): (2, 2),  # 256 tiles, short K
         (4096, 1025, 1024): (0, 0),  # the same, K past short
         (4352, 1024, 1024): (0, 0),  # 272 tiles: past two waves

@@ -65,7 +65,14 @@ def _problem(M, K, N, dtype, seed=0):
     return x, w, b, s
 
 
-def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swizzle=-1, gain=None, shift=None):
+def _workspace(dtype_name, M, N, K, config=-1, split=False, splits=-1):
+    """The stream-K rows' workspace, poisoned (the launch must zero what it relies on), else None."""
+    size = _C.gemm_workspace_bytes(dtype_name, M, N, K, config, split, splits)
+    return torch.full((size,), 0xA5, device="cuda", dtype=torch.uint8) if size else None
+
+
+def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swizzle=-1, gain=None, shift=None,
+          splits=-1):
     """One gemm_scale_stats launch of the operand type `name`: (y, partial means, partial M2s, rows per partial)."""
     M, N, K = x.shape[0], w.shape[0], x.shape[1]
     split = OPERANDS[name][1]
@@ -79,8 +86,9 @@ def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swiz
         weight_split, weight_unscale = _split_operands(w)
         x_scale = torch.full((_C.row_scale_count(M),), float("nan"), device="cuda")
         operands = {"weight_split": weight_split, "weight_unscale": weight_unscale, "x_scale": x_scale}
+    workspace = _workspace(DTYPE_NAMES[x.dtype], M, N, K, config, split, splits)
     _C.gemm_scale_stats(x, w, y, b, s, gain, shift, pm, pm2, counter, _stream(), config=config, raster=raster,
-                        swizzle=swizzle, **operands)
+                        swizzle=swizzle, splits=splits, workspace=workspace, **operands)
     return y, pm, pm2, tile_m
 
 
@@ -141,11 +149,47 @@ def test_every_configuration_row(name, row, raster, swizzle):
     _check_gemm_and_partials(*problem, name, config=row, raster=raster, swizzle=swizzle)
 
 
+STREAM_K_ROWS = [(name, row) for name, row in CONFIG_ROWS
+                 if _C.gemm_configs(DTYPE_NAMES[_dtype(name)], OPERANDS[name][1])[row]["stream_k"]]
+
+
+@pytest.mark.parametrize("name,row", STREAM_K_ROWS)
+@pytest.mark.parametrize("M,K,N,splits", [(1000, 512, 264, 3), (300, 4096, 1032, 4), (4000, 2048, 4096, -1)])
+def test_stream_k_rows_sum_their_splits(name, row, M, K, N, splits):
+    # Split-K (splits > 1) and the heuristic's data-parallel waves plus stream-K remainder (-1): every
+    # tile's partial accumulators from several CTAs, summed before the epilogue runs once per tile.
+    problem = _problem(M, K, N, _dtype(name), seed=row + M)
+    _check_gemm_and_partials(*problem, name, config=row, splits=splits)
+    first = _gemm(*problem, name, config=row, splits=splits)
+    second = _gemm(*problem, name, config=row, splits=splits)
+    for a, c in zip(first[:3], second[:3]):
+        assert torch.equal(a, c), "the fixed-order reduction must give the same bits on every run"
+
+
+def test_stream_k_workspace_is_checked():
+    if not STREAM_K_ROWS:
+        pytest.skip("no stream-K row in the tables")
+    name, row = STREAM_K_ROWS[0]
+    x, w, b, s = _problem(1000, 512, 264, _dtype(name))
+    dtype_name = DTYPE_NAMES[x.dtype]
+    size = _C.gemm_workspace_bytes(dtype_name, 1000, 264, 512, row)
+    assert size > 0
+    y = torch.full((1000, 264), float("nan"), device="cuda", dtype=x.dtype)
+    short = torch.empty(size - 1, device="cuda", dtype=torch.uint8)
+    for workspace in (None, short):
+        with pytest.raises(ValueError, match="workspace"):
+            _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), config=row,
+                                workspace=workspace)
+    torch.cuda.synchronize()
+    assert y.isnan().all(), "a refused call must launch nothing"
+
+
 def test_configuration_overrides_are_checked():
     x, w, b, s = _problem(256, 64, 64, torch.float32)
     y = torch.empty(256, 64, device="cuda")
     rows = len(_C.gemm_configs("float32"))
-    for kwargs, message in (({"config": rows}, "config"), ({"raster": 3}, "raster"), ({"swizzle": 3}, "swizzle")):
+    for kwargs, message in (({"config": rows}, "config"), ({"raster": 3}, "raster"), ({"swizzle": 3}, "swizzle"),
+                            ({"splits": 2}, "stream-K")):
         with pytest.raises(ValueError, match=message):
             _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), **kwargs)
 

@@ -178,18 +178,12 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
 // Blocks of the kernel that fit on the device at once (a cooperative launch may not exceed it).
 template <class T>
 cudaError_t resident_blocks(int device, int sm_count, int& blocks) {
-  constexpr int kMaxDevices = 64;
-  static int cached[kMaxDevices] = {};
-  if (device >= 0 && device < kMaxDevices && cached[device] > 0) {
-    blocks = cached[device];
-    return cudaSuccess;
-  }
-  int per_sm = 0;
-  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, finish_normalize_kernel<T>, kThreads, 0);
-  if (e != cudaSuccess) return e;
-  blocks = per_sm * sm_count;
-  if (device >= 0 && device < kMaxDevices) cached[device] = blocks;
-  return cudaSuccess;
+  return cached_per_device(device, blocks, [sm_count](int& resident) {
+    int per_sm = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, finish_normalize_kernel<T>, kThreads, 0);
+    resident = per_sm * sm_count;
+    return e;
+  });
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // Validation, configuration choice and per-type dispatch of the fused GEMM; device queries.
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 
@@ -25,7 +26,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape from the sweeps quoted in configs.h. Small problems first, by their number of 128x128
 // tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost
 // exposed): 64x64 tiles up to 16 such tiles, and up to 64 when K <= 1024 or the data is 16-bit; 64x128
-// tiles under one wave in TF32, and up to two waves when K <= 1024. Larger problems take the ping-pong
+// tiles under one wave in TF32 (but the stream-K 128x128 row when K > 4096 splits over 64 such tiles
+// along K), and up to two waves when K <= 1024. Larger problems take the ping-pong
 // 128x128 rows, except at short M, where the 2x1 cluster's tile order falls off a cliff: there TF32
 // takes the cooperative 128x256 row (above M = 512; at fewer rows the 64x128 row) and 16-bit data the
 // 1x2-cluster row.
@@ -33,9 +35,11 @@ int select_config(GemmOperands operands, int M, int N, int K) {
   if (operands == GemmOperands::f32_split) return 0;
   constexpr int kWave = 132, kShortK = 1024, kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
+  constexpr int kTf32StreamK = 4, kLongK = 4096;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
   if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
+  if (tf32 && tiles > 64 && tiles < kWave && K > kLongK) return kTf32StreamK;
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM ? kShortMRow : kWide;
   return M <= kShortM ? kShortMRow : kWide;
@@ -49,8 +53,8 @@ bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int
   if (config < 0) config = select_config(operands, M, N, K);
   if (config < 0 || config >= config_count(operands)) return false;
   const TileConfig& c = config_at(operands, config);
-  const int row[kConfigFields] = {c.tile_m,   c.tile_n, c.tile_k,  c.cluster_m,     c.cluster_n,
-                                  c.epilogue_n, c.pingpong, c.raster, c.swizzle, c.promote_tiles, partial_rows(c)};
+  const int row[kConfigFields] = {c.tile_m,   c.tile_n,   c.tile_k, c.cluster_m,     c.cluster_n, c.epilogue_n,
+                                  c.pingpong, c.raster, c.swizzle, c.promote_tiles, c.stream_k, partial_rows(c)};
   for (int i = 0; i < kConfigFields; ++i) out[i] = row[i];
   return true;
 }
@@ -64,13 +68,53 @@ Status run_row(int row, GemmScaleStatsArgs const& args, cudaStream_t stream, std
   static constexpr Runner runners[] = {&detail::GemmRunner<Operands, Rows>::run...};
   return runners[row](args, stream);
 }
+template <GemmOperands Operands, int... Rows>
+Status row_workspace(int row, GemmScaleStatsArgs const& args, size_t& bytes, std::integer_sequence<int, Rows...>) {
+  using Query = Status (*)(GemmScaleStatsArgs const&, size_t&);
+  static constexpr Query queries[] = {&detail::GemmRunner<Operands, Rows>::workspace_bytes...};
+  return queries[row](args, bytes);
+}
 
 template <GemmOperands Operands>
 Status run_row(int row, GemmScaleStatsArgs const& args, cudaStream_t stream) {
   return run_row<Operands>(row, args, stream, std::make_integer_sequence<int, config_count(Operands)>{});
 }
+template <GemmOperands Operands>
+Status row_workspace(int row, GemmScaleStatsArgs const& args, size_t& bytes) {
+  return row_workspace<Operands>(row, args, bytes, std::make_integer_sequence<int, config_count(Operands)>{});
+}
+
+// The row and schedule overrides, checked alike by the launch and the workspace query.
+Status check_schedule(GemmScaleStatsArgs const& args, GemmOperands operands) {
+  if (args.config >= config_count(operands)) return Status::invalid("config is not a row of the operands' table");
+  if (args.raster > 2) return Status::invalid("raster must be 0 (heuristic), 1 (along M) or 2 (along N)");
+  if (args.swizzle > 0 && (args.swizzle > 8 || (args.swizzle & (args.swizzle - 1)) != 0)) {
+    return Status::invalid("swizzle must be 1, 2, 4 or 8");
+  }
+  const int row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K);
+  if (args.splits > 1 && config_at(operands, row).stream_k == 0) {
+    return Status::invalid("splits > 1 needs a stream-K configuration row (stream_k = 1)");
+  }
+  return Status::success();
+}
 
 }  // namespace
+
+Status gemm_workspace_bytes(const GemmScaleStatsArgs& args, size_t& bytes) {
+  bytes = 0;
+  if (args.M < 1 || args.N < 1 || args.K < 1) return Status::invalid("M, N and K must be positive");
+  const GemmOperands operands = gemm_operands(args);
+  if (Status s = check_schedule(args, operands); !s) return s;
+  const int row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K);
+  if (config_at(operands, row).stream_k == 0) return Status::success();  // no device query needed
+  switch (operands) {
+    case GemmOperands::tf32: return row_workspace<GemmOperands::tf32>(row, args, bytes);
+    case GemmOperands::bf16: return row_workspace<GemmOperands::bf16>(row, args, bytes);
+    case GemmOperands::f16: return row_workspace<GemmOperands::f16>(row, args, bytes);
+    case GemmOperands::f32_split: return row_workspace<GemmOperands::f32_split>(row, args, bytes);
+  }
+  return Status::invalid("unknown operand types");
+}
 
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   if (args.M < 1 || args.N < 1 || args.K < 1) return Status::invalid("M, N and K must be positive");
@@ -87,17 +131,13 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   if (!args.x || !(split || args.weight) || !args.y) return Status::invalid("x, weight and y must not be null");
   for (const void* p : {args.x, args.weight, args.weight_split, static_cast<const void*>(args.x_scale),
                         static_cast<const void*>(args.y), args.bias, args.scale, static_cast<const void*>(args.gain),
-                        static_cast<const void*>(args.shift)}) {
+                        static_cast<const void*>(args.shift), static_cast<const void*>(args.workspace)}) {
     if (p && !aligned16(p)) return Status::invalid("every array must start on a 16-byte boundary");
   }
   if ((args.partial_mean == nullptr) != (args.partial_m2 == nullptr)) {
     return Status::invalid("partial_mean and partial_m2 go together");
   }
-  if (args.config >= config_count(operands)) return Status::invalid("config is not a row of the operands' table");
-  if (args.raster > 2) return Status::invalid("raster must be 0 (heuristic), 1 (along M) or 2 (along N)");
-  if (args.swizzle > 0 && (args.swizzle > 8 || (args.swizzle & (args.swizzle - 1)) != 0)) {
-    return Status::invalid("swizzle must be 1, 2, 4 or 8");
-  }
+  if (Status s = check_schedule(args, operands); !s) return s;
   const int row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K);
   switch (operands) {
     case GemmOperands::tf32: return run_row<GemmOperands::tf32>(row, args, stream);
@@ -114,17 +154,10 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t current_device_info(int& device, int& sm_count) {
-  constexpr int kMaxDevices = 64;
-  static int cached_sm_count[kMaxDevices] = {};
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  if (device >= 0 && device < kMaxDevices && cached_sm_count[device] > 0) {
-    sm_count = cached_sm_count[device];
-    return cudaSuccess;
-  }
-  e = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-  if (e == cudaSuccess && device >= 0 && device < kMaxDevices) cached_sm_count[device] = sm_count;
-  return e;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  return cached_per_device(device, sm_count, [device](int& count) {
+    return cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  });
 }
 
 Status device_support(int device) {

@@ -17,6 +17,11 @@ Status GemmRunner<Operands, Row>::run(GemmScaleStatsArgs const& args, cudaStream
   return GemmScaleStatsKernel<Operands, Row>::run(args, stream);
 }
 
+template <GemmOperands Operands, int Row>
+Status GemmRunner<Operands, Row>::workspace_bytes(GemmScaleStatsArgs const& args, size_t& bytes) {
+  return GemmScaleStatsKernel<Operands, Row>::workspace_bytes(args, bytes);
+}
+
 template struct GemmRunner<kRowOperands, GEMMBN_ROW>;
 
 }  // namespace gemmbn::detail

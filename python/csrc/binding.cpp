@@ -33,6 +33,7 @@ std::string dtype_name(nb::dlpack::dtype t) {
   if (t == nb::dtype<float>()) return "float32";
   if (t == nb::dtype<double>()) return "float64";
   if (t == nb::dtype<int64_t>()) return "int64";
+  if (t == nb::dtype<uint8_t>()) return "uint8";
   if (t.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && t.bits == 16) return "bfloat16";
   if (t.code == uint8_t(nb::dlpack::dtype_code::Float) && t.bits == 16) return "float16";
   return "dtype(code=" + std::to_string(t.code) + ", bits=" + std::to_string(t.bits) + ")";
@@ -165,7 +166,7 @@ NB_MODULE(_C, m) {
     std::vector<std::map<std::string, int>> rows;
     static const char* names[gemmbn::kConfigFields] = {
         "tile_m",   "tile_n", "tile_k",  "cluster_m",     "cluster_n",
-        "epilogue_n", "pingpong", "raster", "swizzle", "promote_tiles", "partial_rows"};
+        "epilogue_n", "pingpong", "raster", "swizzle", "promote_tiles", "stream_k", "partial_rows"};
     for (int i = 0; i < gemmbn::gemm_config_count(operands); ++i) {
       int row[gemmbn::kConfigFields];
       gemmbn::gemm_config_row(operands, i, 1, 1, 1, row);
@@ -176,6 +177,24 @@ NB_MODULE(_C, m) {
     return rows;
   }, nb::arg("dtype"), nb::arg("split") = false,
      "The GEMM configuration table (configs.h) of dtype (split: the fp32-faithful GEMM's), one dict per row.");
+
+  m.def("gemm_workspace_bytes", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, int config,
+                                   bool split, int splits) {
+    gemmbn::GemmScaleStatsArgs a;
+    a.dtype = parse_dtype(dtype);
+    (void)parse_operands(dtype, split);
+    // The query reads only whether a split weight is given, not its contents.
+    static const char split_marker = 0;
+    if (split) a.weight_split = &split_marker;
+    a.M = checked_int(M, "M"), a.N = checked_int(N, "N"), a.K = checked_int(K, "K");
+    a.config = config, a.splits = splits;
+    size_t bytes = 0;
+    raise_on_error(gemmbn::gemm_workspace_bytes(a, bytes));
+    return bytes;
+  }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("config") = -1, nb::arg("split") = false,
+     nb::arg("splits") = -1,
+     "Bytes of workspace gemm_scale_stats needs for this problem and row (config < 0: the one chosen for it):\n"
+     "0 except for stream-K rows. Pass a uint8 CUDA array of at least that size as workspace=.");
 
   m.def("split_weight_columns", [](int64_t K) { return gemmbn::split_weight_columns(checked_int(K, "K")); },
         nb::arg("K"), "Columns of split_weight's output for K input features.");
@@ -201,11 +220,18 @@ NB_MODULE(_C, m) {
   m.def("gemm_scale_stats",
         [](Array x, Array weight, Array y, OptionalArray bias, OptionalArray scale, OptionalArray gain,
            OptionalArray shift, OptionalArray partial_mean, OptionalArray partial_m2,
-           OptionalArray batches_tracked, std::uintptr_t stream, int config, int raster, int swizzle,
-           OptionalArray weight_split, OptionalArray weight_unscale, OptionalArray x_scale) {
+           OptionalArray batches_tracked, std::uintptr_t stream, int config, int raster, int swizzle, int splits,
+           OptionalArray weight_split, OptionalArray weight_unscale, OptionalArray x_scale,
+           OptionalArray workspace) {
           if (x.ndim() != 2 || weight.ndim() != 2) fail("x and weight must be 2-D");
           gemmbn::GemmScaleStatsArgs a;
-          a.config = config, a.raster = raster, a.swizzle = swizzle;
+          a.config = config, a.raster = raster, a.swizzle = swizzle, a.splits = splits;
+          if (workspace) {
+            if (workspace->ndim() != 1) fail("workspace must be 1-D, got shape " + shape_string(*workspace));
+            check(*workspace, "workspace", {int64_t(workspace->shape(0))}, "uint8");
+            a.workspace = workspace->data();
+            a.workspace_bytes = workspace->shape(0);
+          }
           a.dtype = dtype_of(x, "x");
           if (weight_split.has_value() != weight_unscale.has_value() || weight_split.has_value() != x_scale.has_value()) {
             fail("weight_split, weight_unscale and x_scale go together");
@@ -250,11 +276,12 @@ NB_MODULE(_C, m) {
         nb::arg("x"), nb::arg("weight"), nb::arg("y"), nb::arg("bias").none(), nb::arg("scale").none(),
         nb::arg("gain").none(), nb::arg("shift").none(), nb::arg("partial_mean").none(),
         nb::arg("partial_m2").none(), nb::arg("batches_tracked").none(), nb::arg("stream"), nb::kw_only(),
-        nb::arg("config") = -1, nb::arg("raster") = -1, nb::arg("swizzle") = -1,
+        nb::arg("config") = -1, nb::arg("raster") = -1, nb::arg("swizzle") = -1, nb::arg("splits") = -1,
         nb::arg("weight_split").none() = nb::none(), nb::arg("weight_unscale").none() = nb::none(),
-        nb::arg("x_scale").none() = nb::none(),
+        nb::arg("x_scale").none() = nb::none(), nb::arg("workspace").none() = nb::none(),
         "y = ((x @ weight^T + bias) * scale) * gain + shift, with per-tile column mean/M2 of y as stored.\n"
-        "config/raster/swizzle override the configuration row and the tile order (tuning; -1: the defaults).\n"
+        "config/raster/swizzle/splits override the configuration row, the tile order and (stream-K rows) the\n"
+        "split-K factor (tuning; -1: the defaults). workspace: uint8, gemm_workspace_bytes(...) bytes or more.\n"
         "weight_split/weight_unscale (split_weight's output for weight) and x_scale (float32 [row_scale_count(M)],\n"
         "a workspace): the fp32-faithful GEMM for float32 x.");
 

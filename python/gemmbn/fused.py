@@ -45,6 +45,23 @@ def _split_operands(weight: Tensor, rows: int, gemm_kind: str, stream: int) -> d
     return {name: _dl(t) for name, t in weight_cache.split_gemm_arguments(weight, rows, stream).items()}
 
 
+def gemm_workspace(
+    x: Tensor, N: int, K: int, *, config: int = -1, split: bool = False, splits: int = -1
+) -> Tensor | None:
+    """The GEMM's workspace for x [M, K] -> N columns on this row (config < 0: the row chosen), or None.
+
+    Only stream-K rows need one (their partial accumulators and flags, zeroed by the launch itself).
+    """
+    size = extension().gemm_workspace_bytes(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits)
+    return torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
+
+
+def _workspace_argument(x: Tensor, N: int, K: int, split: bool) -> dict:
+    """gemm_scale_stats's workspace keyword for the chosen row: {} where it needs none."""
+    workspace = gemm_workspace(x, N, K, split=split)
+    return {} if workspace is None else {"workspace": _dl(workspace)}
+
+
 def train_forward(
     x: Tensor,
     weight: Tensor,
@@ -92,7 +109,8 @@ def train_forward(
             _dl(running_mean), _dl(running_var), _dl(num_batches_tracked), momentum, eps,
             _dl(save_mean), _dl(save_invstd), stream,
         )  # fmt: skip
-        _C.gemm_scale_stats(*gemm_args, **_split_operands(weight, M, gemm_kind, stream))
+        gemm_extras = {**_split_operands(weight, M, gemm_kind, stream), **_workspace_argument(x, N, K, split)}
+        _C.gemm_scale_stats(*gemm_args, **gemm_extras)
         _C.finish_normalize(*finish_args)
     # The kernels wrote through DLPack, which autograd does not see: count the in-place updates.
     increment_version([t for t in (running_mean, running_var, num_batches_tracked) if t is not None])
@@ -114,7 +132,7 @@ def eval_forward(
 ) -> Tensor:
     """Running-statistics forward: out = ((xW^T + b) s) g + c with g = gamma/sqrt(rv + eps), c = beta - rm g."""
     _C = extension()
-    (M, _), N = x.shape, weight.shape[0]
+    (M, K), N = x.shape, weight.shape[0]
     gain = torch.empty(N, dtype=torch.float32, device=x.device)
     shift = torch.empty_like(gain)
     out = x.new_empty((M, N))
@@ -125,5 +143,6 @@ def eval_forward(
         _C.gemm_scale_stats(
             _dl(x), _dl(weight), _dl(out), _dl(bias), _dl(scale), _dl(gain), _dl(shift), None, None, None, stream,
             **_split_operands(weight, M, gemm_kind, stream),
+            **_workspace_argument(x, N, K, gemm_kind == precision_mod.SPLIT_FP32),
         )
     return out

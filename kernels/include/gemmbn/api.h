@@ -7,6 +7,7 @@
 // The fp32-faithful GEMM reads W as split_weight's fp16 pairs (once per weight version).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cuda_runtime.h>
 
@@ -63,10 +64,15 @@ struct GemmScaleStatsArgs {
   float* partial_mean = nullptr;  // [tiles_m, N]
   float* partial_m2 = nullptr;    // [tiles_m, N]
   int64_t* batches_tracked = nullptr;
+  // Stream-K rows only: gemm_workspace_bytes(args) bytes, owned by the caller (its first bytes are
+  // zeroed on the stream before each launch); may be null where that size is 0.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
   // Tuning overrides (perf/tune_gemm.py); the defaults take select_config's row and its schedule.
   int config = -1;   // row of the dtype's configuration table (configs.h)
   int raster = -1;   // tile order: 0 CUTLASS heuristic, 1 along M, 2 along N
   int swizzle = -1;  // tile scheduler's max swizzle size: 1, 2, 4 or 8
+  int splits = -1;   // stream-K rows: > 1 splits every tile's K range that many ways (plain split-K)
 };
 
 // The operand types of a dtype, split = the fp32-faithful GEMM (meaningful for f32 only).
@@ -83,10 +89,13 @@ int gemm_config_count(GemmOperands operands);
 int gemm_selected_config(GemmOperands operands, int M, int N, int K);
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
-// partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if config is
-// out of range.
-inline constexpr int kConfigFields = 11;
+// stream_k, partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if
+// config is out of range.
+inline constexpr int kConfigFields = 12;
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields]);
+// Workspace the call needs (args' dtype, split weight presence, M, N, K, config and splits are read;
+// pointers are not): 0 for all but stream-K rows. Queries the current device's SM count.
+Status gemm_workspace_bytes(const GemmScaleStatsArgs& args, size_t& bytes);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 
 // W [N, K] fp32 -> the split GEMM's operand: per row n a power-of-two scale 2^b[n] putting max_k |W[n, k]|

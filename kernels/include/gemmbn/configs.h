@@ -20,6 +20,10 @@ struct TileConfig {
   // Split GEMM only (1 elsewhere): k-tiles summed on the tensor cores between fp32 promotions
   // (split_f16x3_mainloop.hpp).
   int promote_tiles = 1;
+  // 1: CUTLASS's stream-K scheduler (cooperative rows only): whole tiles for the full waves, the last
+  // partial wave's tiles split along K over every SM, partial accumulators summed in a workspace in a
+  // fixed order (deterministic; gemm_workspace_bytes). 0: one persistent CTA per tile, no workspace.
+  int stream_k = 0;
 };
 
 // Rows per statistics partial: the epilogue subtile's height (CUTLASS's sm90 epilogue takes 128 rows
@@ -58,6 +62,15 @@ inline constexpr int partial_rows(TileConfig const& c) {
 //   128x128 c2x1's 0.044 / 0.037). Ties within 5%: 512x2048->2048 (0.028 vs 0.029 TF32, 0.019 vs 0.018
 //   bf16). Unchanged where T >= 256 with K >= 4096: 1024x4096->4096 (128x256 0.110, c1x2 0.055 vs
 //   64x128's 0.169 / 0.086), 2048x4096->4096 and 1024x8192->8192.
+// - Stream-K rows (perf/gpu_session.sh tune-stream-k, 9 shapes, heuristic order; GEMM + statistics ms):
+//   the TF32 cooperative 128x128 row wins under a wave of tiles with long K: 256x8192->8192 0.126 vs
+//   64x128's 0.175 (cuBLAS mm 0.102), 4096x8192->512 0.108 vs 0.111 for row 0 (64x128 slower still).
+//   Elsewhere the persistent rows stay ahead: 16384x4096->4096 TF32 1.483 vs 1.730 / 1.972 (stream-K
+//   128x256 / 128x128), bf16 0.723 vs 0.889; 1024x4096->4096, 1024x8192->8192, 16384x8192->512 and the
+//   short-K shapes by 5-25%. Plain split-K (2 or 4 ways) never won. bf16's stream-K row won only at
+//   4096x8192->512 (0.064 vs 0.068) and lost at 256x8192->8192 (0.128 vs c1x2's 0.073): not in the rule.
+// - Wider ping-pong epilogue subtiles spill (the moments node keeps the subtile's values in registers
+//   beside the 128x128 accumulators): epilogue_n 64 280 B (TF32) / 200 B (bf16) of stack, 128 792 B.
 // - Dropped earlier (at 16384x4096->4096): 16-bit cooperative 256x128 c1x2 (cuBLAS nvjet's tile) 0.869-0.887
 //   and 128x256 c2x1 0.884-0.901 vs 64x256's 0.776-0.787; cooperative TF32 rows with 4 or 8 stages; 4x1 and
 //   2x2 clusters (9-13% slower); a TF32 ping-pong row without a cluster (0.735 at swizzle 8, 1.406 at
@@ -67,12 +80,16 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
     {64, 128, 32, 1, 1, 32, 1, 0, 8},   // 2: ping-pong 64x128 (few tiles: small M x N)
     {64, 64, 32, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
+    {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 4: cooperative 128x128, stream-K
+    {128, 256, 32, 1, 1, 16, 0, 0, 8, 1, 1},  // 5: row 1, stream-K
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {128, 128, 64, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 128, 64, 1, 2, 32, 1, 0, 8},  // 1: ping-pong 128x128, x multicast to 2 CTAs (short M)
     {64, 128, 64, 1, 1, 32, 1, 0, 8},   // 2: ping-pong 64x128 (few tiles: small M x N)
     {64, 64, 64, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
+    {128, 128, 64, 2, 1, 32, 0, 0, 8, 1, 1},  // 4: cooperative 128x128, W multicast to 2 CTAs, stream-K
+    {128, 256, 64, 1, 1, 16, 0, 0, 8, 1, 1},  // 5: cooperative 128x256, stream-K
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128

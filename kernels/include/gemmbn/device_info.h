@@ -1,10 +1,34 @@
-// Current device and its multiprocessor count, cached per device (a persistent GEMM sizes its grid by it).
+// Per-device facts the launches need on every call (SM count, occupancy, function attributes), each
+// computed once per device and then read from a cache.
 #pragma once
+
+#include <atomic>
 
 #include <cuda_runtime.h>
 
 namespace gemmbn {
 
 cudaError_t current_device_info(int& device, int& sm_count);
+
+// value = the cached positive result of compute(value) for this device, computing it on the first call.
+// One cache per call site (each lambda is its own Compute type). Two threads' first calls may both
+// compute; they store the same value, and the atomics keep that race defined. Devices past 64 and
+// failed or non-positive results are not cached.
+template <class Compute>
+cudaError_t cached_per_device(int device, int& value, Compute compute) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices] = {};
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (cacheable) {
+    const int cached = cache[device].load(std::memory_order_relaxed);
+    if (cached > 0) {
+      value = cached;
+      return cudaSuccess;
+    }
+  }
+  const cudaError_t e = compute(value);
+  if (e == cudaSuccess && cacheable && value > 0) cache[device].store(value, std::memory_order_relaxed);
+  return e;
+}
 
 }  // namespace gemmbn

@@ -9,6 +9,7 @@ namespace gemmbn::detail {
 template <GemmOperands Operands, int Row>
 struct GemmRunner {
   static Status run(GemmScaleStatsArgs const& args, cudaStream_t stream);  // explicitly instantiated per row
+  static Status workspace_bytes(GemmScaleStatsArgs const& args, size_t& bytes);
 };
 
 }  // namespace gemmbn::detail

@@ -106,11 +106,49 @@ struct GemmScaleStatsKernel {
                            static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)), kSplit,
                            kConfig.promote_tiles>::type;
 
+  static_assert(kConfig.stream_k == 0 || kConfig.pingpong == 0, "CUTLASS's stream-K takes cooperative kernels only");
+  using TileScheduler = cute::conditional_t<kConfig.stream_k != 0, cutlass::gemm::StreamKScheduler,
+                                            cutlass::gemm::PersistentScheduler>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
-                                                      CollectiveEpilogue>;
+                                                      CollectiveEpilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
+  // Bytes of workspace the launch needs (stream-K rows: partial accumulators and their flags; else 0).
+  static Status workspace_bytes(GemmScaleStatsArgs const& a, size_t& bytes) {
+    typename Gemm::Arguments arguments;
+    if (Status s = make_arguments(a, arguments); !s) return s;
+    bytes = Gemm::get_workspace_size(arguments);
+    return Status::success();
+  }
+
   static Status run(GemmScaleStatsArgs const& a, cudaStream_t stream) {
+    typename Gemm::Arguments arguments;
+    if (Status s = make_arguments(a, arguments); !s) return s;
+    if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess) {
+      return Status::invalid("CUTLASS cannot implement this GEMM (shape or alignment)");
+    }
+    const size_t workspace_needed = Gemm::get_workspace_size(arguments);
+    if (workspace_needed > 0) {
+      if (a.workspace == nullptr || a.workspace_bytes < workspace_needed) {
+        return Status::invalid("this configuration row needs a workspace of gemm_workspace_bytes bytes");
+      }
+      // Zeroes the stream-K flags on the stream (a memset node under graph capture); no host sync.
+      if (Kernel::initialize_workspace(arguments, a.workspace, stream) != cutlass::Status::kSuccess) {
+        return {Status::cutlass_error, cudaSuccess, "initializing the stream-K workspace"};
+      }
+    }
+    // The kernel's parameters (TMA descriptors, scheduler) built directly and launched below instead of
+    // through GemmUniversalAdapter::initialize/run, which set two function attributes on every call;
+    // here the shared-memory limit is set once per device and the cluster (at most 2 CTAs) is portable.
+    typename Kernel::Params params = Kernel::to_underlying_arguments(arguments, a.workspace);
+    if (cudaError_t e = allow_shared_storage(arguments.hw_info.device_id); e != cudaSuccess) {
+      return Status::from_cuda(e, "raising the GEMM's shared memory limit");
+    }
+    return launch(params, stream);
+  }
+
+  // CUTLASS's arguments for the call: operands, epilogue tree, device and the tile order.
+  static Status make_arguments(GemmScaleStatsArgs const& a, typename Gemm::Arguments& arguments) {
     using StrideC = typename Kernel::StrideC;
     using StrideD = typename Kernel::StrideD;
     auto stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(a.M, a.K, 1));
@@ -148,7 +186,7 @@ struct GemmScaleStatsKernel {
     cudaError_t device_error = current_device_info(hw_info.device_id, hw_info.sm_count);
     if (device_error != cudaSuccess) return Status::from_cuda(device_error, "querying the current device");
 
-    typename Gemm::Arguments arguments{
+    arguments = typename Gemm::Arguments{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {a.M, a.N, a.K, 1},
         mainloop_arguments,
@@ -160,34 +198,26 @@ struct GemmScaleStatsKernel {
                                        : raster == 2 ? RasterOrder::AlongN
                                                      : RasterOrder::Heuristic;
     arguments.scheduler.max_swizzle_size = a.swizzle > 0 ? a.swizzle : kConfig.swizzle;
-
-    if (Gemm::can_implement(arguments) != cutlass::Status::kSuccess) {
-      return Status::invalid("CUTLASS cannot implement this GEMM (shape or alignment)");
+    if constexpr (kConfig.stream_k != 0) {
+      using Decomposition = decltype(arguments.scheduler.decomposition_mode);
+      // splits > 1 (tuning): plain split-K into that many K ranges per tile; else CUTLASS's data-parallel
+      // waves plus stream-K for the remainder. Partial sums are added in a fixed order either way.
+      arguments.scheduler.splits = a.splits > 1 ? a.splits : 1;
+      arguments.scheduler.decomposition_mode = a.splits > 1 ? Decomposition::SplitK : Decomposition::Heuristic;
+      arguments.scheduler.reduction_mode = decltype(arguments.scheduler.reduction_mode)::Deterministic;
     }
-    if (Gemm::get_workspace_size(arguments) != 0) {
-      return {Status::cutlass_error, cudaSuccess, "unexpected CUTLASS workspace request"};
-    }
-    // The kernel's parameters (TMA descriptors, scheduler) built directly and launched below instead of
-    // through GemmUniversalAdapter::initialize/run, which set two function attributes on every call;
-    // here the shared-memory limit is set once per device and the cluster (at most 2 CTAs) is portable.
-    typename Kernel::Params params = Kernel::to_underlying_arguments(arguments, nullptr);
-    if (cudaError_t e = allow_shared_storage(hw_info.device_id); e != cudaSuccess) {
-      return Status::from_cuda(e, "raising the GEMM's shared memory limit");
-    }
-    return launch(params, stream);
+    return Status::success();
   }
 
   // cudaFuncSetAttribute for the kernel's dynamic shared memory, once per device (attributes are per
   // device context); concurrent first calls both set it, which is harmless.
   static cudaError_t allow_shared_storage(int device) {
-    constexpr int kMaxDevices = 64;
-    static bool done[kMaxDevices] = {};
-    const bool cacheable = device >= 0 && device < kMaxDevices;
-    if (cacheable && done[device]) return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         int(Kernel::SharedStorageSize));
-    if (e == cudaSuccess && cacheable) done[device] = true;
-    return e;
+    int done = 0;
+    return cached_per_device(device, done, [](int& set) {
+      set = 1;
+      return cudaFuncSetAttribute(cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  int(Kernel::SharedStorageSize));
+    });
   }
 
   // One cudaLaunchKernelEx with the row's cluster shape on the caller's stream.
