@@ -45,6 +45,7 @@ import report
 import shapes
 from gemmbn import _native, fallback, timing, weight_cache
 from gemmbn import precision as precision_mod
+from gemmbn.fused import gemm_workspace
 
 COLUMNS = ["set", "M", "K", "N", "provider", "dtype", "precision", "mode", "median_ms", "min_ms", "max_ms",
            "tflops", "gbps", "speedup_vs_eager", "speedup_vs_compile", "note"]  # fmt: skip
@@ -265,7 +266,9 @@ def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config:
         if config.name == "fp32":  # the fp32-faithful GEMM; its weight split once, untimed (as the module caches it)
             split = weight_cache.split_gemm_arguments(w, x.shape[0], stream)
             note += ", split fp32 GEMM (row_scales + GEMM)"
-        return (lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream, **split)), note
+        workspace = gemm_workspace(x, w.shape[0], x.shape[1], split=bool(split))  # stream-K rows only
+        return (lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream, workspace=workspace,
+                                           **split)), note
     raise ValueError(provider)
 
 

@@ -18,6 +18,7 @@ import statistics
 import torch
 
 from gemmbn import GemmScaleBatchNorm, _native, weight_cache
+from gemmbn.fused import gemm_workspace
 
 
 def _time(fn, iters: int, warmup: int = 5) -> float:
@@ -48,9 +49,9 @@ def breakdown(M: int, K: int, N: int, dtype: torch.dtype, precision: str, iters:
     partials = torch.empty(2, tiles, N, device="cuda")
     save = torch.empty(2, N, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
-    extra = {}
+    extra = {"workspace": gemm_workspace(x, N, K, split=split)}  # stream-K rows only, else None
     if split:
-        extra = weight_cache.split_gemm_arguments(w, M, stream)
+        extra.update(weight_cache.split_gemm_arguments(w, M, stream))
     rm, rv = model.bn.running_mean, model.bn.running_var
     gamma, beta = model.bn.weight.detach(), model.bn.bias.detach()
     times = {

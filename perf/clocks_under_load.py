@@ -29,6 +29,7 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 from gemmbn import _native  # noqa: E402
+from gemmbn.fused import gemm_workspace  # noqa: E402
 
 
 def sample_clocks(seconds: float, run_once, bursts: bool) -> tuple[float, float, float]:
@@ -78,8 +79,9 @@ def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
     for row in range(len(C.gemm_configs(name, False))):
         partial_rows, _ = C.gemm_config(name, M, N, K, row)
         row_partials = torch.empty(2, -(-M // partial_rows), N, device="cuda")
-        fns[f"gemmbn row {row} gemm+stats"] = lambda row=row, pp=row_partials: C.gemm_scale_stats(
-            x, w, y, b, s, None, None, pp[0], pp[1], None, stream, config=row)
+        workspace = gemm_workspace(x, N, K, config=row)  # stream-K rows only
+        fns[f"gemmbn row {row} gemm+stats"] = lambda row=row, pp=row_partials, ws=workspace: C.gemm_scale_stats(
+            x, w, y, b, s, None, None, pp[0], pp[1], None, stream, config=row, workspace=ws)
     fns["gemmbn row 0 gemm"] = lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream,
                                                           config=0)
     fns["cuBLAS addmm"] = lambda: torch.addmm(b, x, wt, out=y)

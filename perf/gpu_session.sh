@@ -10,11 +10,14 @@
 #   tune              perf/tune_gemm.py at 16384x4096->4096 (every table row x tile order)
 #   tune-short        the same at 1024x8192->8192 (short-M cliffs)
 #   tune-small        the same at small M x N (few 128x128 tiles: the 64-row rows' territory), TF32 and bf16
+#   tune-stream-k     the KernelBench shape and the sweep's worst shapes (short M with long K, short K, small
+#                     N), TF32 and bf16, heuristic order, every row with stream-K rows also as split-K 2 and 4
 #   finish-bandwidth  finish_normalize against a device copy
 #   clocks            perf/clocks_under_load.py: ms, SM clock and power of gemmbn's and cuBLAS's GEMMs
 #   breakdown         each launch alone
 #   host              perf/host_overhead.py --profile and perf/anatomy.py at the tiny shape (host-bound)
 #   bench             perf/bench.py at the KernelBench shape, every provider
+#   sweep             perf/bench.py's sweep set, TF32 and bf16, gemmbn against eager and torch.compile (--quick)
 #   main-job          python -m gemmbn
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 # With a carried python/gemmbn/_C*.so the build is skipped and PYTHONPATH=python uses it.
@@ -68,6 +71,14 @@ for name in $steps; do
           --swizzles 8 --iters 15 --out "$out/tune_small_${size// /x}.csv" 2>&1 | tee -a "$out/tune_small.txt" \
           | awk '/:/{c=0} {c++; if (c<=7) print}'
       done ;;
+    tune-stream-k)
+      for size in "16384 4096 4096" "256 8192 8192" "4096 8192 512" "1024 4096 4096" "1024 8192 8192" \
+                  "16384 8192 512" "16384 512 8192" "4096 512 8192" "65536 1024 1024"; do
+        (( $(limit 20) < 20 )) && break
+        timeout $(limit 60) python3 perf/tune_gemm.py --size $size --dtypes float32,bfloat16 --rasters 0 \
+          --swizzles 8 --splits=-1,2,4 --iters 15 --out "$out/tune_sk_${size// /x}.csv" 2>&1 \
+          | tee -a "$out/tune_stream_k.txt" | awk '/:/{c=0} {c++; if (c<=6) print}'
+      done ;;
     finish-bandwidth)
       timeout $(limit 60) python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt" ;;
     clocks)
@@ -81,6 +92,9 @@ for name in $steps; do
     bench)
       timeout $(limit 300) python3 perf/bench.py --set kernelbench --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only \
         --out "$out/bench.csv" 2>&1 | tee "$out/bench.txt" | grep "^|" ;;
+    sweep)
+      timeout $(limit 200) python3 perf/bench.py --set sweep --configs tf32,bf16 --providers gemmbn,eager,compile \
+        --quick --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.txt" | grep "^|" | head -50 ;;
     main-job)
       timeout $(limit 200) python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25 ;;
     profile-split)

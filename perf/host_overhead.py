@@ -19,6 +19,7 @@ import time
 
 import torch
 from gemmbn import _native
+from gemmbn.fused import gemm_workspace
 from models import reference_drop_in_compiled
 from torch.utils.dlpack import to_dlpack
 
@@ -51,12 +52,14 @@ def binding_calls(drop_in, x: torch.Tensor, calls: int) -> None:
     partial_means, partial_m2s = torch.empty(2, -(-M // tile_rows), N, device=x.device)
     save_mean, save_invstd = torch.empty(2, N, device=x.device)
     stream = torch.cuda.current_stream().cuda_stream
+    workspace = gemm_workspace(x, N, K)  # stream-K rows only, else None
     d = to_dlpack
     candidates = {
         "10 x to_dlpack": lambda: [d(t) for t in (x, weight, y, bias, scale, partial_means, partial_m2s, y, y, y)],
         "gemm_config": lambda: C.gemm_config(name, M, N, K),
         "gemm_scale_stats": lambda: C.gemm_scale_stats(d(x), d(weight), d(y), d(bias), d(scale), None, None,
-                                                       d(partial_means), d(partial_m2s), None, stream),
+                                                       d(partial_means), d(partial_m2s), None, stream,
+                                                       workspace=workspace),
         "finish_normalize": lambda: C.finish_normalize(d(y), d(y), d(partial_means), d(partial_m2s), tile_rows,
                                                        d(gamma), d(beta), None, None, None, 0.1, 1e-5,
                                                        d(save_mean), d(save_invstd), stream),

@@ -1,14 +1,15 @@
 """Tuning sweep of the fused GEMM: every row of the configuration tables x tile orders, one process.
 
     python perf/tune_gemm.py [--size M K N] [--dtypes float32,bfloat16,float16,split] [--rasters 0,1,2]
-                             [--swizzles 1,2,4,8] [--iters 20] [--out CSV]
+                             [--swizzles 1,2,4,8] [--splits -1,2,4] [--iters 20] [--out CSV]
 
 For each (operand type, row of kernels/include/gemmbn/configs.h, raster, swizzle): the median time of
 one gemm_scale_stats launch with the statistics epilogue (what a training forward runs), L2 flushed
 before every call as perf/bench.py does, next to cuBLAS `mm` and `addmm` in the same precision
 (float32: TF32; split, the fp32-faithful GEMM on float32 data: IEEE SGEMM). All candidates
 of a dtype are timed interleaved (round i times each once), so clock drift under load is shared. raster: 0 CUTLASS
-heuristic, 1 along M, 2 along N; swizzle: the persistent scheduler's max swizzle size. The fastest
+heuristic, 1 along M, 2 along N; swizzle: the persistent scheduler's max swizzle size; splits (stream-K
+rows only): -1 CUTLASS's data-parallel waves plus stream-K remainder, n > 1 plain split-K. The fastest
 line per dtype is the candidate for select_config (kernels/src/gemm_dispatch.cpp) at this shape.
 """
 
@@ -26,13 +27,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench import Timer
 from gemmbn import _native, weight_cache
+from gemmbn.fused import gemm_workspace
 
 # name -> (dtype, split)
 OPERANDS = {"float32": (torch.float32, False), "bfloat16": (torch.bfloat16, False),
             "float16": (torch.float16, False), "split": (torch.float32, True)}  # fmt: skip
 
 
-def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, timer: Timer) -> list[dict]:
+def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, timer: Timer) -> list[dict]:
     C = _native.extension()
     dtype, split = OPERANDS[name]
     dtype_name = str(dtype).removeprefix("torch.")
@@ -53,13 +55,19 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, timer: Timer) ->
         partials = torch.empty(2, -(-M // tile_m), N, device="cuda")
         shape = f"{config['tile_m']}x{config['tile_n']}x{config['tile_k']} c{config['cluster_m']}x{config['cluster_n']}"
         shape += f" epi{config['epilogue_n'] or 'auto'}" + (" pingpong" if config['pingpong'] else "")
-        for raster in rasters:
-            for swizzle in swizzles:
-                def launch(index=index, raster=raster, swizzle=swizzle, partials=partials):
-                    C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, stream,
-                                       config=index, raster=raster, swizzle=swizzle, **split_args)
-                candidates.append(({"dtype": name, "provider": "gemmbn", "row": index, "config": shape,
-                                    "raster": raster, "swizzle": swizzle}, launch))
+        shape += " stream-K" if config["stream_k"] else ""
+        for splits in split_counts if config["stream_k"] else [-1]:
+            # Allocated once per candidate, untimed (the module allocates from PyTorch's cache per call).
+            workspace = gemm_workspace(x, N, K, config=index, split=split, splits=splits)
+            for raster in rasters:
+                for swizzle in swizzles:
+                    def launch(index=index, raster=raster, swizzle=swizzle, partials=partials, splits=splits,
+                               workspace=workspace):
+                        C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, stream,
+                                           config=index, raster=raster, swizzle=swizzle, splits=splits,
+                                           workspace=workspace, **split_args)
+                    candidates.append(({"dtype": name, "provider": "gemmbn", "row": index, "config": shape,
+                                        "raster": raster, "swizzle": swizzle, "splits": splits}, launch))
     def with_tf32(fn):  # float32 -> TF32 cuBLAS as the TF32 kernel, IEEE for split; bf16/fp16 unaffected
         def call():
             previous = torch.backends.cuda.matmul.allow_tf32
@@ -71,7 +79,7 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, timer: Timer) ->
         return call
     for provider, fn in (("cublas mm", lambda: torch.mm(x, w.t())), ("cublas addmm", lambda: torch.addmm(b, x, w.t()))):
         candidates.append(({"dtype": name, "provider": provider, "row": "", "config": "", "raster": "",
-                            "swizzle": ""}, with_tf32(fn)))
+                            "swizzle": "", "splits": ""}, with_tf32(fn)))
     # Interleaved rounds: clock drift under sustained load falls on every candidate alike.
     times = timer.interleaved([fn for _, fn in candidates])
     rows = []
@@ -87,6 +95,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16,float16,split")
     parser.add_argument("--rasters", default="0,1,2")
     parser.add_argument("--swizzles", default="1,2,4,8")
+    parser.add_argument("--splits", default="-1", help="stream-K rows: -1 (stream-K) and/or split-K factors")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", help="CSV of every line")
     args = parser.parse_args()
@@ -95,16 +104,20 @@ def main() -> None:
     M, K, N = args.size
     rasters = [int(v) for v in args.rasters.split(",")]
     swizzles = [int(v) for v in args.swizzles.split(",")]
+    split_counts = [int(v) for v in args.splits.split(",")]
     timer = Timer(torch.device("cuda"), args.iters, warmup=3)
     print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N}  median of {args.iters}, L2 flushed, ms")
     rows = []
     for name in args.dtypes.split(","):
-        found = sweep(M, K, N, name, rasters, swizzles, timer)
+        found = sweep(M, K, N, name, rasters, swizzles, split_counts, timer)
         rows += found
         cublas = min(r["median_ms"] for r in found if r["provider"].startswith("cublas"))
         print(f"\n{name}: fastest first (ratio to the faster cuBLAS call)")
         for r in sorted(found, key=lambda r: r["median_ms"]):
-            label = f"row {r['row']} {r['config']} raster {r['raster']} swizzle {r['swizzle']}" if r["provider"] == "gemmbn" else r["provider"]
+            label = r["provider"]
+            if r["provider"] == "gemmbn":
+                label = f"row {r['row']} {r['config']} raster {r['raster']} swizzle {r['swizzle']}"
+                label += f" splits {r['splits']}" if r["splits"] > 1 else ""
             print(f"  {r['median_ms']:8.3f} ms {r['tflops']:6.0f} TFLOP/s {r['median_ms'] / cublas:6.3f}x  {label}")
     if args.out:
         with open(args.out, "w", newline="") as f:

@@ -12,6 +12,7 @@ import math
 import torch
 
 from gemmbn import _native, weight_cache
+from gemmbn.fused import gemm_workspace
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -35,9 +36,9 @@ save = torch.empty(2, N, device="cuda")
 y = torch.empty(M, N, device="cuda", dtype=dtype)
 stream = torch.cuda.current_stream().cuda_stream
 stats = (None, None) if args.no_stats else (partials[0], partials[1])
-split = {}
+split = {"workspace": gemm_workspace(x, N, K, split=args.split)}  # stream-K rows only, else None
 if args.split:
-    split = weight_cache.split_gemm_arguments(w, M, stream)
+    split.update(weight_cache.split_gemm_arguments(w, M, stream))
 C.gemm_scale_stats(x, w, y, b, s, None, None, *stats, None, stream, **split)
 if not args.no_stats:
     C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None, None, 0.1, 1e-5,
