@@ -20,6 +20,8 @@
 #   sweep             perf/bench.py's sweep set, TF32 and bf16, gemmbn against eager and torch.compile (--quick)
 #   main-job          python -m gemmbn
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
+#   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
+#                     (the short-K shapes' cost), plus tune_gemm.py there over every tile order
 # With a carried python/gemmbn/_C*.so the build is skipped and PYTHONPATH=python uses it.
 # GEMMBN_COMMIT: pass the commit (GEMMBN_COMMIT=abc1234 bash perf/gpu_session.sh ...): the device's copy of
 # .git has been stale, so its rev-parse names an older commit in the CSVs.
@@ -101,6 +103,18 @@ for name in $steps; do
       timeout $(limit 240) bash perf/ncu/profile.sh "$out/ncu" --split > "$out/ncu.log" 2>&1
       rm -f "$out"/ncu/*.ncu-rep  # the text pages come back; the reports are too large
       grep -E "Duration|Throughput|Registers|Theoretical Occupancy" "$out/ncu/gemm.details.txt" | head -30 ;;
+    profile-short-k)
+      for variant in stats no-stats; do
+        flag=$([[ $variant == no-stats ]] && echo --no-stats || true)
+        timeout $(limit 120) bash perf/ncu/profile.sh "$out/ncu-short-k-$variant" --dtype bfloat16 --size 16384 512 8192 \
+          $flag > "$out/ncu-short-k-$variant.log" 2>&1
+        rm -f "$out/ncu-short-k-$variant"/*.ncu-rep "$out/ncu-short-k-$variant"/*.raw.csv
+        echo "-- $variant"
+        grep -E "^  *(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per)" \
+          "$out/ncu-short-k-$variant/gemm.details.txt" | head -8
+      done
+      timeout $(limit 60) python3 perf/tune_gemm.py --size 16384 512 8192 --dtypes bfloat16 --iters 10 \
+        --out "$out/tune_short_k_orders.csv" 2>&1 | tee "$out/tune_short_k_orders.txt" | head -12 ;;
     *) echo "unknown step '$name'" ;;
   esac
 done

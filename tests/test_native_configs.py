@@ -17,13 +17,11 @@ def test_every_row_is_a_valid_configuration(dtype, split):
     assert rows, "a table without configurations"
     for row in rows:
         assert set(row) == FIELDS
-        # A ping-pong warpgroup owns a 64- or 128-row tile and its epilogue walks 64-row subtiles; a
-        # cooperative pair 128 or 256 rows in 128-row subtiles (CUTLASS's sm90 epilogues): one statistics
-        # partial per subtile.
-        if row["pingpong"]:
-            assert row["tile_m"] in (64, 128) and row["partial_rows"] == 64
-        else:
-            assert row["tile_m"] in (128, 256) and row["partial_rows"] == 128
+        # A ping-pong warpgroup owns a 64- or 128-row tile (its epilogue walks 64-row subtiles); a
+        # cooperative pair 128 or 256 rows (128-row subtiles). The moments node merges a tile's subtile
+        # rows: one statistics partial per tile.
+        assert row["tile_m"] in ((64, 128) if row["pingpong"] else (128, 256))
+        assert row["partial_rows"] == row["tile_m"]
         assert row["tile_n"] % 16 == 0 and row["cluster_m"] >= 1 and row["cluster_n"] >= 1
         assert row["raster"] in (0, 1, 2) and row["swizzle"] in (1, 2, 4, 8)
         assert row["epilogue_n"] == 0 or row["tile_n"] % row["epilogue_n"] == 0

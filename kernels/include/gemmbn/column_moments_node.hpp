@@ -1,15 +1,17 @@
-// Epilogue visitor node (CUTLASS 3.x sm90 EVT): per-column moments of its input over each row block of
-// an epilogue subtile's height (EPI_TILE_M rows: the whole CTA tile, or half of a 256-row one).
+// Epilogue visitor node (CUTLASS 3.x sm90 EVT): per-column moments of its input over each CTA tile's rows.
 //
-//   partial_mean[b, n] = mean_m v[m, n],   partial_m2[b, n] = sum_m (v[m, n] - mean)^2
-//   over the rows m < M of block b = m_tile * EPI_M + epi_m; v is forwarded unchanged to the parent.
+//   partial_mean[t, n] = mean_m v[m, n],   partial_m2[t, n] = sum_m (v[m, n] - mean)^2
+//   over the rows m < M of M-tile t; v is forwarded unchanged to the parent.
 //
 // NOTES:
 // - Reduced once per epilogue subtile, so only the current subtile's columns live in registers (the
 //   stock Sm90RowReduction keeps all CTA_N columns per thread and its loops stay rolled under nvcc
 //   13.0: a 704 B stack frame).
 // - Per thread and column, then Chan merges across lanes (shuffles) and warps (smem) in a fixed order:
-//   no cancellation of large sums, no atomics, the same bits on every run. Tiles with every row valid
+//   no cancellation of large sums, no atomics, the same bits on every run. A tile of several subtile
+//   rows (ping-pong: two of 64) merges them in the writing thread's registers (CUTLASS walks epi_m
+//   innermost) and writes one partial per tile: half the partial stores and finish reads of a partial
+//   per subtile. Tiles with every row valid
 //   (all but a ragged last one) merge equal power-of-two counts without a division
 //   (reduce_full_tile); the ragged tile carries counts (reduce_partial_tile).
 // - The warp-merge scratch is the epilogue's current D smem stage, free between the store pipeline's
@@ -28,8 +30,8 @@ using namespace cute;
 namespace fusion = cutlass::epilogue::fusion;
 
 struct ColumnMomentsArguments {
-  float* partial_mean = nullptr;  // [ceil(M / EPI_TILE_M), N]
-  float* partial_m2 = nullptr;    // [ceil(M / EPI_TILE_M), N]
+  float* partial_mean = nullptr;  // [ceil(M / CTA_M), N]
+  float* partial_m2 = nullptr;    // [ceil(M / CTA_M), N]
   int64_t* batches_tracked = nullptr;
 };
 
@@ -78,6 +80,9 @@ struct Sm90ColumnMoments {
     static constexpr int kValues = decltype(size(ColumnSlots{}))::value;  // values per thread per subtile
     static constexpr int kLanesM = decltype(size<0>(LaneLayoutMN{}))::value;
     static constexpr int kWarpsM = decltype(size<0>(WarpLayoutMN{}))::value;
+    // Cross-warp merge entries (column, warp_m) per subtile and the rounds kThreads threads take for them.
+    static constexpr int kPlane = kWarpsM * EpiTileN;
+    static constexpr int kRounds = (kPlane + kThreads - 1) / kThreads;
     static constexpr int kSlots = decltype(cosize(ColumnSlots{}))::value;  // columns per thread per subtile
     static constexpr int kRowsPerSlot = kValues / kSlots;                   // rows per thread per column
     static_assert(decltype(size(filter_zeros(ColumnSlots{})))::value == kSlots, "compact column slots");
@@ -95,6 +100,8 @@ struct Sm90ColumnMoments {
     Residue residue;  // (rows, cols) of the problem left from the CTA origin
     int m_tile, n_tile, n_total, lane_m, warp_m, thread_idx;
     cutlass::Array<float, kValues> values;  // this subtile's inputs, kept for reduce()
+    // The tile's earlier subtile rows of the current columns, per round, in the thread that writes them.
+    cutlass::Array<float, kRounds> carry_count, carry_mean, carry_m2;
 
     template <class ElementAccumulator, class ElementInput, int FragmentSize>
     CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize> visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v,
@@ -165,7 +172,6 @@ struct Sm90ColumnMoments {
 
       // 3. Across warps through smem, [mean | M2][column][warp_m]. The stage is free: the epilogue
       //    synchronized after acquiring it, and the previous subtile's reads of it ended with a barrier.
-      constexpr int kPlane = kWarpsM * EpiTileN;
       Tensor subtile_coords = coords(_, _, _, epi_m, epi_n);
       if (lane_m == 0) {
         CUTLASS_PRAGMA_UNROLL
@@ -180,7 +186,6 @@ struct Sm90ColumnMoments {
       sync_fn();
       // One thread per (column, warp) entry; the kWarpsM entries of a column sit in consecutive lanes.
       static_assert(kWarpsM <= cutlass::NumThreadsPerWarp && (kWarpsM & (kWarpsM - 1)) == 0, "warps along M");
-      constexpr int kRounds = (kPlane + kThreads - 1) / kThreads;
       CUTLASS_PRAGMA_UNROLL
       for (int round = 0; round < kRounds; ++round) {
         int entry = round * kThreads + thread_idx;
@@ -197,14 +202,34 @@ struct Sm90ColumnMoments {
           mean_w = 0.5f * (mean_w + mean_b);
           half_rows *= 2.f;
         }
-        int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + entry / kWarpsM;
-        if (valid && entry % kWarpsM == 0 && column < n_total) {
-          size_t at = static_cast<size_t>(m_tile * kEpiM + epi_m) * n_total + column;
-          params.partial_mean[at] = mean_w;
-          params.partial_m2[at] = m2_w;
+        if (valid && entry % kWarpsM == 0) {
+          accumulate_or_write(round, entry / kWarpsM, epi_m, epi_n, float(EpiTileM), mean_w, m2_w);
         }
       }
       sync_fn();  // the scratch is the D stage the register-to-smem copy writes next
+    }
+
+    // One column's moments over this subtile's rows (count, mean, M2), merged into the tile's earlier
+    // subtile rows; written once the tile's last subtile with rows inside the problem is in. Only the
+    // thread of entry round * kThreads + thread_idx == column * kWarpsM calls it for a column, in both
+    // reduce paths, so the carry stays in one thread.
+    CUTLASS_DEVICE void accumulate_or_write(int round, int subtile_column, int epi_m, int epi_n, float count,
+                                            float mean, float m2) {
+      if (epi_m > 0) {  // Chan merge; equal power-of-two halves (two 64-row subtiles) merge exactly
+        chan_merge_fast(carry_count[round], carry_mean[round], carry_m2[round], count, mean, m2);
+        count = carry_count[round], mean = carry_mean[round], m2 = carry_m2[round];
+      }
+      const bool last = epi_m == kEpiM - 1 || get<0>(residue) <= (epi_m + 1) * EpiTileM;
+      if (!last) {
+        carry_count[round] = count, carry_mean[round] = mean, carry_m2[round] = m2;
+        return;
+      }
+      int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + subtile_column;
+      if (column < n_total) {
+        size_t at = static_cast<size_t>(m_tile) * n_total + column;
+        params.partial_mean[at] = mean;
+        params.partial_m2[at] = m2;
+      }
     }
 
     // The last M-tile (rows past M): per-slot counts, Chan merges with a fast reciprocal.
@@ -259,7 +284,6 @@ struct Sm90ColumnMoments {
       }
 
       // 3. Across the warps that share columns, through smem: [count | mean | M2][warp_m][column].
-      constexpr int kPlane = kWarpsM * EpiTileN;
       if (lane_m == 0) {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kValues; ++i) {
@@ -272,20 +296,21 @@ struct Sm90ColumnMoments {
         }
       }
       sync_fn();
-      if (thread_idx < EpiTileN) {
-        float n = scratch[thread_idx];
-        float mean = scratch[kPlane + thread_idx];
-        float m2 = scratch[2 * kPlane + thread_idx];
-        CUTLASS_PRAGMA_UNROLL
-        for (int w = 1; w < kWarpsM; ++w) {
-          int at = w * EpiTileN + thread_idx;
-          chan_merge_fast(n, mean, m2, scratch[at], scratch[kPlane + at], scratch[2 * kPlane + at]);
-        }
-        int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + thread_idx;
-        if (column < n_total) {
-          size_t at = static_cast<size_t>(m_tile * kEpiM + epi_m) * n_total + column;
-          params.partial_mean[at] = mean;
-          params.partial_m2[at] = m2;
+      // The column's thread is the one reduce_full_tile uses (entry = column * kWarpsM), for the carry.
+      CUTLASS_PRAGMA_UNROLL
+      for (int round = 0; round < kRounds; ++round) {
+        int entry = round * kThreads + thread_idx;
+        if (entry < kPlane && entry % kWarpsM == 0) {
+          int subtile_column = entry / kWarpsM;
+          float n = scratch[subtile_column];
+          float mean = scratch[kPlane + subtile_column];
+          float m2 = scratch[2 * kPlane + subtile_column];
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 1; w < kWarpsM; ++w) {
+            int at = w * EpiTileN + subtile_column;
+            chan_merge_fast(n, mean, m2, scratch[at], scratch[kPlane + at], scratch[2 * kPlane + at]);
+          }
+          accumulate_or_write(round, subtile_column, epi_m, epi_n, n, mean, m2);
         }
       }
       sync_fn();  // the scratch is the D stage the register-to-smem copy writes next

@@ -26,12 +26,14 @@ struct TileConfig {
   int stream_k = 0;
 };
 
-// Rows per statistics partial: the epilogue subtile's height (CUTLASS's sm90 epilogue takes 128 rows
-// per subtile in cooperative kernels, 64 in ping-pong ones), so a 256-row tile writes two partials.
-inline constexpr int partial_rows(TileConfig const& c) {
+// Rows per epilogue subtile: CUTLASS's sm90 epilogue takes 128 rows per subtile in cooperative kernels,
+// 64 in ping-pong ones.
+inline constexpr int epilogue_rows(TileConfig const& c) {
   const int subtile_rows = c.pingpong ? 64 : 128;
   return c.tile_m < subtile_rows ? c.tile_m : subtile_rows;
 }
+// Rows per statistics partial: the CTA tile's (the moments node merges its subtile rows in registers).
+inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 
 // select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape (rule there). Kept rows won
 // somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM + statistics, L2 flushed, ms;

@@ -69,10 +69,9 @@ struct GemmScaleStatsKernel {
                                              cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using EpilogueSchedule = cute::conditional_t<kConfig.pingpong != 0, cutlass::epilogue::TmaWarpSpecialized,
                                                cutlass::epilogue::TmaWarpSpecializedCooperative>;
-  // Subtiles of partial_rows rows (the statistics node writes a partial per subtile row block); a width
-  // of 0 leaves the subtile to CUTLASS.
+  // Subtiles of epilogue_rows x epilogue_n (a width of 0 leaves the subtile to CUTLASS).
   using EpilogueTile = cute::conditional_t<kConfig.epilogue_n == 0, cutlass::epilogue::collective::EpilogueTileAuto,
-                                           Shape<Int<partial_rows(kConfig)>, Int<cute::max(kConfig.epilogue_n, 1)>>>;
+                                           Shape<Int<epilogue_rows(kConfig)>, Int<cute::max(kConfig.epilogue_n, 1)>>>;
 
   // Epilogue visitor tree, leaves first:
   using Acc = fusion::Sm90AccFetch;                                      // acc = x @ W^T (split: x @ (2^b W)^T)
