@@ -44,6 +44,9 @@ RAGGED = {
     16: [(1000, 512, 264), (2, 512, 264), (129, 512, 264)],
 }
 BENCHMARK = (16384, 4096, 4096)
+# TF32 with fewer 128x128 tiles than SMs and a long K takes a stream-K row (select_config): its workspace
+# comes from fused.py, and its flags are zeroed by a memset on the stream, inside CUDA graphs too.
+STREAM_K = (256, 8192, 8192)
 
 
 def _cases(shapes_for):
@@ -54,7 +57,9 @@ def _cases(shapes_for):
     ]
 
 
-ACCURACY_CASES = _cases(lambda dtype: [*RAGGED[dtype.itemsize * 8], BENCHMARK])
+ACCURACY_CASES = _cases(lambda dtype: [*RAGGED[dtype.itemsize * 8], BENCHMARK]) + [
+    pytest.param(torch.float32, "high", STREAM_K, id="fp32-high-stream-k-256x8192x8192")
+]
 MID_CASES = _cases(lambda dtype: [(1000, 512, 264), BENCHMARK])
 
 
@@ -234,11 +239,20 @@ def test_bitwise_deterministic(dtype, precision, shape):
     assert torch.equal(first.bn.running_var, second.bn.running_var)
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_cuda_graph_replay_matches_eager(name):
+def test_the_stream_k_shape_takes_a_stream_k_row():
+    M, K, N = STREAM_K
+    C = _native.extension()
+    assert C.gemm_configs("float32")[C.gemm_selected_config("float32", M, N, K)]["stream_k"] == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"), [(name, (1000, 512, 264)) for name in CONFIGS] + [("fp32-high", STREAM_K)],
+    ids=[*CONFIGS, "fp32-high-stream-k"],
+)
+def test_cuda_graph_replay_matches_eager(name, shape):
     """Captured training steps (momentum=None: the 1/count factor is read on the device) replay like eager calls."""
     dtype, precision = CONFIGS[name]
-    M, K, N = 1000, 512, 264
+    M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=None)
     eager = copy.deepcopy(model)
     static_x = _x(M, K, dtype)
