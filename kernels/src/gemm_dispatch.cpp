@@ -84,14 +84,15 @@ Status row_workspace(int row, GemmScaleStatsArgs const& args, size_t& bytes) {
   return row_workspace<Operands>(row, args, bytes, std::make_integer_sequence<int, config_count(Operands)>{});
 }
 
-// The row and schedule overrides, checked alike by the launch and the workspace query.
-Status check_schedule(GemmScaleStatsArgs const& args, GemmOperands operands) {
+// The table row the call runs (args.config, or select_config's choice), once the row and schedule
+// overrides are checked: shared by the launch and the workspace query.
+Status resolve_row(GemmScaleStatsArgs const& args, GemmOperands operands, int& row) {
   if (args.config >= config_count(operands)) return Status::invalid("config is not a row of the operands' table");
   if (args.raster > 2) return Status::invalid("raster must be 0 (heuristic), 1 (along M) or 2 (along N)");
   if (args.swizzle > 0 && (args.swizzle > 8 || (args.swizzle & (args.swizzle - 1)) != 0)) {
     return Status::invalid("swizzle must be 1, 2, 4 or 8");
   }
-  const int row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K);
+  row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K);
   if (args.splits > 1 && config_at(operands, row).stream_k == 0) {
     return Status::invalid("splits > 1 needs a stream-K configuration row (stream_k = 1)");
   }
@@ -104,8 +105,8 @@ Status gemm_workspace_bytes(const GemmScaleStatsArgs& args, size_t& bytes) {
   bytes = 0;
   if (args.M < 1 || args.N < 1 || args.K < 1) return Status::invalid("M, N and K must be positive");
   const GemmOperands operands = gemm_operands(args);
-  if (Status s = check_schedule(args, operands); !s) return s;
-  const int row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K);
+  int row = 0;
+  if (Status s = resolve_row(args, operands, row); !s) return s;
   if (config_at(operands, row).stream_k == 0) return Status::success();  // no device query needed
   switch (operands) {
     case GemmOperands::tf32: return row_workspace<GemmOperands::tf32>(row, args, bytes);
@@ -137,8 +138,8 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   if ((args.partial_mean == nullptr) != (args.partial_m2 == nullptr)) {
     return Status::invalid("partial_mean and partial_m2 go together");
   }
-  if (Status s = check_schedule(args, operands); !s) return s;
-  const int row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K);
+  int row = 0;
+  if (Status s = resolve_row(args, operands, row); !s) return s;
   switch (operands) {
     case GemmOperands::tf32: return run_row<GemmOperands::tf32>(row, args, stream);
     case GemmOperands::bf16: return run_row<GemmOperands::bf16>(row, args, stream);
