@@ -8,12 +8,13 @@
 //   stock Sm90RowReduction keeps all CTA_N columns per thread and its loops stay rolled under nvcc
 //   13.0: a 704 B stack frame).
 // - Per thread and column, then Chan merges across lanes (shuffles) and warps (smem) in a fixed order:
-//   no cancellation of large sums, no atomics, the same bits on every run. A tile of several subtile
+//   no cancellation of large sums, no atomics, the same bits on every run. In full tiles of one subtile
+//   row the lanes that share columns merge by a butterfly reduce-scatter (each lane ends with its share
+//   of the columns), elsewhere by a tree per column (kLaneButterfly says why). A tile of several subtile
 //   rows (ping-pong: two of 64) merges them in the writing thread's registers (CUTLASS walks epi_m
 //   innermost) and writes one partial per tile: half the partial stores and finish reads of a partial
-//   per subtile. Tiles with every row valid
-//   (all but a ragged last one) merge equal power-of-two counts without a division
-//   (reduce_full_tile); the ragged tile carries counts (reduce_partial_tile).
+//   per subtile. Tiles with every row valid (all but a ragged last one) merge equal power-of-two
+//   counts without a division (reduce_full_tile); the ragged tile carries counts (reduce_partial_tile).
 // - The warp-merge scratch is the epilogue's current D smem stage, free between the store pipeline's
 //   acquire and the register-to-smem copy that follows reduce().
 // - batches_tracked (optional) is incremented once per launch by tile (0, 0): the finish kernel runs
@@ -89,6 +90,32 @@ struct Sm90ColumnMoments {
     static_assert(decltype(size(LaneLayoutMN{}))::value == cutlass::NumThreadsPerWarp, "lanes must tile (M, N)");
     static_assert(kValues % kSlots == 0 && (kRowsPerSlot & (kRowsPerSlot - 1)) == 0 &&
                       (kLanesM & (kLanesM - 1)) == 0, "equal power-of-two counts in full tiles");
+    static_assert((kSlots & (kSlots - 1)) == 0, "the butterfly halves the column slots");
+    // The lane merge: the butterfly where a tile has one subtile row; the tree where it has several
+    // (ping-pong 128-row tiles), where the butterfly measured 1-25% slower (perf/NOTES.md v9, same-call A/B).
+    static constexpr bool kLaneButterfly = kEpiM == 1;
+    // Slots left per lane after the butterfly's splitting steps.
+    static constexpr int kFinalSlots = kSlots > kLanesM ? kSlots / kLanesM : 1;
+
+    // The butterfly pairs lanes by XOR: a step along M must flip one bit of the lane index that no other
+    // step and no column offset uses, i.e. lane(m, n) = lane(m, 0) | lane(0, n) with disjoint bits.
+    static constexpr bool lane_m_steps_are_lane_bits() {
+      if (LaneLayoutMN{}(0, 0) != 0) return false;
+      constexpr int kLanesN = cutlass::NumThreadsPerWarp / kLanesM;
+      for (int m = 0; m < kLanesM; ++m) {
+        int flipped = 0;
+        for (int bit = 1; bit < kLanesM; bit *= 2) {
+          if (m & bit) flipped ^= int(LaneLayoutMN{}(bit, 0));
+        }
+        if (int(LaneLayoutMN{}(m, 0)) != flipped) return false;
+        for (int n = 0; n < kLanesN; ++n) {
+          const int lane_of_n = int(LaneLayoutMN{}(0, n));
+          if ((flipped & lane_of_n) != 0 || int(LaneLayoutMN{}(m, n)) != (flipped | lane_of_n)) return false;
+        }
+      }
+      return true;
+    }
+    static_assert(lane_m_steps_are_lane_bits(), "lanes along M must differ in their own bits of the lane index");
 
     CUTLASS_DEVICE ConsumerStoreCallbacks(Params const& params, SubtileCoords coords, Residue residue, int m_tile,
                                           int n_tile, int n_total, int lane_m, int warp_m, int thread_idx)
@@ -101,7 +128,8 @@ struct Sm90ColumnMoments {
     int m_tile, n_tile, n_total, lane_m, warp_m, thread_idx;
     cutlass::Array<float, kValues> values;  // this subtile's inputs, kept for reduce()
     // The tile's earlier subtile rows of the current columns, per round, in the thread that writes them.
-    cutlass::Array<float, kRounds> carry_count, carry_mean, carry_m2;
+    // Their count is epi_m * EpiTileM: only a tile's last subtile inside the problem can be short.
+    cutlass::Array<float, kRounds> carry_mean, carry_m2;
 
     template <class ElementAccumulator, class ElementInput, int FragmentSize>
     CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize> visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v,
@@ -145,7 +173,6 @@ struct Sm90ColumnMoments {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kValues; ++i) slot_sum(i) += values[i];
       Tensor mean = filter_zeros(slot_sum);  // views: one entry per slot
-      Tensor m2 = filter_zeros(slot_sq);
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kSlots; ++j) mean(j) *= 1.f / kRowsPerSlot;  // power of two: exact
       CUTLASS_PRAGMA_UNROLL
@@ -153,35 +180,13 @@ struct Sm90ColumnMoments {
         float d = values[i] - slot_sum(i);
         slot_sq(i) = fmaf(d, d, slot_sq(i));
       }
-
-      // 2. Across the lanes that share columns (tree towards lane_m == 0).
-      float half_count = 0.5f * kRowsPerSlot;
-      CUTLASS_PRAGMA_UNROLL
-      for (int step = kLanesM / 2; step > 0; step /= 2) {
-        int lane_offset = LaneLayoutMN{}(step, 0) - LaneLayoutMN{}(0, 0);
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kSlots; ++j) {
-          float mean_b = __shfl_down_sync(0xffffffff, mean(j), lane_offset);
-          float m2_b = __shfl_down_sync(0xffffffff, m2(j), lane_offset);
-          float delta = mean_b - mean(j);
-          m2(j) = fmaf(delta * delta, half_count, m2(j) + m2_b);
-          mean(j) = 0.5f * (mean(j) + mean_b);
-        }
-        half_count *= 2.f;
-      }
-
-      // 3. Across warps through smem, [mean | M2][column][warp_m]. The stage is free: the epilogue
-      //    synchronized after acquiring it, and the previous subtile's reads of it ended with a barrier.
-      Tensor subtile_coords = coords(_, _, _, epi_m, epi_n);
-      if (lane_m == 0) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kValues; ++i) {
-          if (!first_of_slot(i)) continue;  // folds at compile time
-          int column = get<1>(subtile_coords(i)) - epi_n * EpiTileN;
-          int at = column * kWarpsM + warp_m;
-          scratch[at] = slot_sum(i);
-          scratch[kPlane + at] = slot_sq(i);
-        }
+      // 2. Across the lanes that share columns, 3. into the cross-warp scratch [mean | M2][column][warp_m].
+      //    The stage is free: the epilogue synchronized after acquiring it, and the previous subtile's
+      //    reads of it ended with a barrier.
+      if constexpr (kLaneButterfly) {
+        merge_lanes_butterfly(scratch, slot_sum, slot_sq, epi_m, epi_n);
+      } else {
+        merge_lanes_tree(scratch, slot_sum, slot_sq, epi_m, epi_n);
       }
       sync_fn();
       // One thread per (column, warp) entry; the kWarpsM entries of a column sit in consecutive lanes.
@@ -209,6 +214,112 @@ struct Sm90ColumnMoments {
       sync_fn();  // the scratch is the D stage the register-to-smem copy writes next
     }
 
+    // A butterfly reduce-scatter across the lanes that share columns, each lane left with its share of
+    // the columns to write: kSlots - 1 shuffle pairs where the tree takes kSlots * log2(kLanesM).
+    template <class SlotTensor>
+    CUTLASS_DEVICE void merge_lanes_butterfly(float* scratch, SlotTensor const& slot_sum, SlotTensor const& slot_sq,
+                                              int epi_m, int epi_n) {
+      // Indexed by slot (ColumnSlots' offset), so the butterfly's halves are known at compile time.
+      cutlass::Array<float, kSlots> slot_mean, slot_m2;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kValues; ++i) {
+        if (!first_of_slot(i)) continue;  // folds at compile time
+        slot_mean[ColumnSlots{}(i)] = slot_sum(i);
+        slot_m2[ColumnSlots{}(i)] = slot_sq(i);
+      }
+
+      // At each step a lane keeps half of its window of slots (the upper half if its bit of lane_m is
+      // set), sends the other half to its partner and merges what it receives; once kFinalSlots are left,
+      // the remaining steps merge symmetrically (both lanes get the same bits) and only the lane with
+      // those bits clear writes. The lane ends with slots slot_base + [0, kFinalSlots).
+      int slot_base = 0;
+      bool writer = true;
+      float half_count = 0.5f * kRowsPerSlot;
+      CUTLASS_PRAGMA_UNROLL
+      for (int step = kLanesM / 2, width = kSlots; step > 0; step /= 2) {
+        const int lane_offset = LaneLayoutMN{}(step, 0);
+        const bool upper = (lane_m & step) != 0;
+        if (width > kFinalSlots) {
+          const int half = width / 2;
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < half; ++j) {
+            const float send_mean = upper ? slot_mean[j] : slot_mean[j + half];
+            const float send_m2 = upper ? slot_m2[j] : slot_m2[j + half];
+            const float keep_mean = upper ? slot_mean[j + half] : slot_mean[j];
+            const float keep_m2 = upper ? slot_m2[j + half] : slot_m2[j];
+            const float mean_b = __shfl_xor_sync(0xffffffff, send_mean, lane_offset);
+            const float m2_b = __shfl_xor_sync(0xffffffff, send_m2, lane_offset);
+            const float delta = mean_b - keep_mean;
+            slot_m2[j] = fmaf(delta * delta, half_count, keep_m2 + m2_b);
+            slot_mean[j] = 0.5f * (keep_mean + mean_b);
+          }
+          slot_base += upper ? half : 0;
+          width = half;
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = 0; j < kFinalSlots; ++j) {
+            const float mean_b = __shfl_xor_sync(0xffffffff, slot_mean[j], lane_offset);
+            const float m2_b = __shfl_xor_sync(0xffffffff, slot_m2[j], lane_offset);
+            const float delta = mean_b - slot_mean[j];
+            slot_m2[j] = fmaf(delta * delta, half_count, slot_m2[j] + m2_b);  // symmetric in the two lanes
+            slot_mean[j] = 0.5f * (slot_mean[j] + mean_b);
+          }
+          writer = writer && !upper;
+        }
+        half_count *= 2.f;
+      }
+
+      Tensor subtile_coords = coords(_, _, _, epi_m, epi_n);
+      if (writer) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kFinalSlots; ++j) {
+          const int slot = slot_base + j;
+          int column = 0;  // of this slot within the subtile: a select per slot, the coordinates are static
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < kValues; ++i) {
+            if (!first_of_slot(i)) continue;
+            column = int(ColumnSlots{}(i)) == slot ? int(get<1>(subtile_coords(i))) - epi_n * EpiTileN : column;
+          }
+          const int at = column * kWarpsM + warp_m;
+          scratch[at] = slot_mean[j];
+          scratch[kPlane + at] = slot_m2[j];
+        }
+      }
+    }
+
+    // A tree per column slot towards lane_m == 0, which writes every slot.
+    template <class SlotTensor>
+    CUTLASS_DEVICE void merge_lanes_tree(float* scratch, SlotTensor& slot_sum, SlotTensor& slot_sq, int epi_m,
+                                         int epi_n) {
+      Tensor mean = filter_zeros(slot_sum);  // views: one entry per slot
+      Tensor m2 = filter_zeros(slot_sq);
+      float half_count = 0.5f * kRowsPerSlot;
+      CUTLASS_PRAGMA_UNROLL
+      for (int step = kLanesM / 2; step > 0; step /= 2) {
+        const int lane_offset = LaneLayoutMN{}(step, 0);
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kSlots; ++j) {
+          float mean_b = __shfl_down_sync(0xffffffff, mean(j), lane_offset);
+          float m2_b = __shfl_down_sync(0xffffffff, m2(j), lane_offset);
+          float delta = mean_b - mean(j);
+          m2(j) = fmaf(delta * delta, half_count, m2(j) + m2_b);
+          mean(j) = 0.5f * (mean(j) + mean_b);
+        }
+        half_count *= 2.f;
+      }
+      Tensor subtile_coords = coords(_, _, _, epi_m, epi_n);
+      if (lane_m == 0) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kValues; ++i) {
+          if (!first_of_slot(i)) continue;  // folds at compile time
+          int column = get<1>(subtile_coords(i)) - epi_n * EpiTileN;
+          int at = column * kWarpsM + warp_m;
+          scratch[at] = slot_sum(i);
+          scratch[kPlane + at] = slot_sq(i);
+        }
+      }
+    }
+
     // One column's moments over this subtile's rows (count, mean, M2), merged into the tile's earlier
     // subtile rows; written once the tile's last subtile with rows inside the problem is in. Only the
     // thread of entry round * kThreads + thread_idx == column * kWarpsM calls it for a column, in both
@@ -216,12 +327,13 @@ struct Sm90ColumnMoments {
     CUTLASS_DEVICE void accumulate_or_write(int round, int subtile_column, int epi_m, int epi_n, float count,
                                             float mean, float m2) {
       if (epi_m > 0) {  // Chan merge; equal power-of-two halves (two 64-row subtiles) merge exactly
-        chan_merge_fast(carry_count[round], carry_mean[round], carry_m2[round], count, mean, m2);
-        count = carry_count[round], mean = carry_mean[round], m2 = carry_m2[round];
+        float carried_rows = float(epi_m * EpiTileM);
+        chan_merge_fast(carried_rows, carry_mean[round], carry_m2[round], count, mean, m2);
+        mean = carry_mean[round], m2 = carry_m2[round];
       }
       const bool last = epi_m == kEpiM - 1 || get<0>(residue) <= (epi_m + 1) * EpiTileM;
       if (!last) {
-        carry_count[round] = count, carry_mean[round] = mean, carry_m2[round] = m2;
+        carry_mean[round] = mean, carry_m2[round] = m2;
         return;
       }
       int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + subtile_column;

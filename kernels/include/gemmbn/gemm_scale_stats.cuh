@@ -127,10 +127,14 @@ struct GemmScaleStatsKernel {
       return Status::invalid("CUTLASS cannot implement this GEMM (shape or alignment)");
     }
     const size_t workspace_needed = Gemm::get_workspace_size(arguments);
+    if (workspace_needed > 0 && (a.workspace == nullptr || a.workspace_bytes < workspace_needed)) {
+      return Status::invalid("this configuration row needs a workspace of gemm_workspace_bytes bytes");
+    }
+    // Every check that can fail comes before the first work on the stream (the workspace memset).
+    if (cudaError_t e = allow_shared_storage(arguments.hw_info.device_id); e != cudaSuccess) {
+      return Status::from_cuda(e, "raising the GEMM's shared memory limit");
+    }
     if (workspace_needed > 0) {
-      if (a.workspace == nullptr || a.workspace_bytes < workspace_needed) {
-        return Status::invalid("this configuration row needs a workspace of gemm_workspace_bytes bytes");
-      }
       // Zeroes the stream-K flags on the stream (a memset node under graph capture); no host sync.
       if (Kernel::initialize_workspace(arguments, a.workspace, stream) != cutlass::Status::kSuccess) {
         return {Status::cutlass_error, cudaSuccess, "initializing the stream-K workspace"};
@@ -140,9 +144,6 @@ struct GemmScaleStatsKernel {
     // through GemmUniversalAdapter::initialize/run, which set two function attributes on every call;
     // here the shared-memory limit is set once per device and the cluster (at most 2 CTAs) is portable.
     typename Kernel::Params params = Kernel::to_underlying_arguments(arguments, a.workspace);
-    if (cudaError_t e = allow_shared_storage(arguments.hw_info.device_id); e != cudaSuccess) {
-      return Status::from_cuda(e, "raising the GEMM's shared memory limit");
-    }
     return launch(params, stream);
   }
 
