@@ -17,6 +17,9 @@
 #   breakdown         each launch alone
 #   host              perf/host_overhead.py --profile and perf/anatomy.py at the tiny shape (host-bound)
 #   bench             perf/bench.py at the KernelBench shape, every provider
+#   tune-epilogue     perf/tune_gemm.py, every row, heuristic order, TF32 and bf16, at 16384x512->8192,
+#                     65536x1024->1024 and 16384x4096->4096 (the statistics node's cost); other sizes by
+#                     GEMMBN_TUNE_SIZES="M K N;M K N;..."
 #   sweep             perf/bench.py's sweep set, TF32 and bf16, gemmbn against eager and torch.compile (--quick)
 #   main-job          python -m gemmbn
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
@@ -115,6 +118,15 @@ for name in $steps; do
       done
       timeout $(limit 60) python3 perf/tune_gemm.py --size 16384 512 8192 --dtypes bfloat16 --iters 10 \
         --out "$out/tune_short_k_orders.csv" 2>&1 | tee "$out/tune_short_k_orders.txt" | head -12 ;;
+    tune-epilogue)
+      # The statistics node's cost where it shows (short K, small N) and at the KernelBench shape.
+      IFS=';' read -r -a sizes <<< "${GEMMBN_TUNE_SIZES:-16384 512 8192;65536 1024 1024;16384 4096 4096}"
+      for size in "${sizes[@]}"; do
+        (( $(limit 20) < 20 )) && break
+        timeout $(limit 90) python3 perf/tune_gemm.py --size $size --dtypes float32,bfloat16 --rasters 0 \
+          --swizzles 1 --iters 10 --out "$out/tune_epilogue_${size// /x}.csv" 2>&1 \
+          | tee -a "$out/tune_epilogue.txt" | awk '/:/{c=0} {c++; if (c<=9) print}'
+      done ;;
     *) echo "unknown step '$name'" ;;
   esac
 done
