@@ -76,7 +76,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # select_config (gemm_dispatch.cpp; sweeps quoted in configs.h): small problems by their count of
     # 128x128 tiles and K take the 64x64 (row 3) or 64x128 (row 2) rows; larger ones ping-pong 128x128 with
     # a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048 (the
-    # 64x128 row below), 16-bit data the 1x2-cluster row for M <= 2048; TF32 under a wave of tiles with
+    # 64x128 row below), 16-bit data the 1x2-cluster row for M <= 2048; short K beyond two waves the
+    # 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit K <= 1024 up to 8); TF32 under a wave of tiles with
     # K > 4096 the cooperative stream-K 128x128 row (row 4). split: 128x128 without a cluster.
     rows = _C.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
@@ -104,7 +105,16 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (1024, 8192, 512): (2, 3),  # 32 tiles: not past 64
         (4096, 1024, 1024): (2, 2),  # 256 tiles, short K
         (4096, 1025, 1024): (0, 0),  # the same, K past short
-        (4352, 1024, 1024): (0, 0),  # 272 tiles: past two waves
+        (4352, 1024, 1024): (0, 2),  # 272 tiles: past two waves; 16-bit up to 8 waves at K <= 1024
+        (16384, 1024, 1024): (0, 2),  # 1024 tiles
+        (4096, 1024, 4096): (0, 2),
+        (4224, 1024, 4096): (0, 2),  # 1056 tiles: 8 waves
+        (4352, 1024, 4096): (0, 0),  # 1088 tiles
+        (16384, 512, 8192): (0, 2),  # K <= 512: 16-bit at any tile count, TF32 up to 16 waves
+        (4096, 512, 8192): (2, 2),
+        (65536, 512, 512): (2, 2),
+        (16896, 512, 2048): (2, 2),  # 2112 tiles: 16 waves
+        (17024, 512, 2048): (0, 2),  # 2128 tiles
         (1024, 4096, 4096): (1, 1),
         (512, 4096, 8192): (2, 1),  # 256 tiles at M <= 512: TF32 64x128
         (2048, 4096, 4096): (1, 1),

@@ -27,7 +27,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost
 // exposed): 64x64 tiles up to 16 such tiles, and up to 64 when K <= 1024 or the data is 16-bit; 64x128
 // tiles under one wave in TF32 (but the stream-K 128x128 row when K > 4096 splits over 64 such tiles
-// along K), and up to two waves when K <= 1024. Larger problems take the ping-pong
+// along K), and up to two waves when K <= 1024; past that with K <= 512 (TF32: up to 16 waves), and
+// in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. Larger problems take the ping-pong
 // 128x128 rows, except at short M, where the 2x1 cluster's tile order falls off a cliff: there TF32
 // takes the cooperative 128x256 row (above M = 512; at fewer rows the 64x128 row) and 16-bit data the
 // 1x2-cluster row.
@@ -35,12 +36,16 @@ int select_config(GemmOperands operands, int M, int N, int K) {
   if (operands == GemmOperands::f32_split) return 0;
   constexpr int kWave = 132, kShortK = 1024, kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
-  constexpr int kTf32StreamK = 4, kLongK = 4096;
+  constexpr int kTf32StreamK = 4, kLongK = 4096, kShorterK = 512;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
   if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
   if (tf32 && tiles > 64 && tiles < kWave && K > kLongK) return kTf32StreamK;
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
+  // Short K with more tiles: the epilogue dominates and the 64x128 row's one subtile row per tile
+  // takes the butterfly lane merge.
+  if (K <= kShorterK && (!tf32 || tiles <= 16 * kWave)) return kNarrow;
+  if (!tf32 && short_k && tiles <= 8 * kWave) return kNarrow;
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM ? kShortMRow : kWide;
   return M <= kShortM ? kShortMRow : kWide;
 }

@@ -71,6 +71,14 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   128x256 / 128x128), bf16 0.723 vs 0.889; 1024x4096->4096, 1024x8192->8192, 16384x8192->512 and the
 //   short-K shapes by 5-25%. Plain split-K (2 or 4 ways) never won. bf16's stream-K row won only at
 //   4096x8192->512 (0.064 vs 0.068) and lost at 256x8192->8192 (0.128 vs c1x2's 0.073): not in the rule.
+// - Short K with many tiles (perf/gpu_session.sh tune-epilogue, cb201cd: its butterfly lane merge serves
+//   the 64x128 row, not the 128-row ping-pong ones; heuristic order, swizzle 1; TF32 / bf16): the 64x128
+//   row (2) wins at K = 512 in 16-bit everywhere measured, 16384x512->8192 (T 8192) 0.417 vs 0.494 for
+//   row 0, 4096x512->8192 0.113 vs 0.143, 65536x512->512 0.108 vs 0.142, 16384x512->2048 0.108 vs 0.141,
+//   and in TF32 up to T 2048 (0.167 / 0.156 / 0.167 vs 0.175 / 0.174 / 0.173; at T 8192 row 0 0.613 vs
+//   0.637). At K = 1024 it wins in 16-bit at T 1024 (16384x1024->1024 0.086 vs 0.092, 4096x1024->4096
+//   0.079 vs 0.094) but not at T 4096 (65536x1024->1024 0.320 vs 0.294); TF32 keeps row 0 there.
+//   Measured at M >= 4096 only.
 // - Wider ping-pong epilogue subtiles spill (the moments node keeps the subtile's values in registers
 //   beside the 128x128 accumulators): epilogue_n 64 280 B (TF32) / 200 B (bf16) of stack, 128 792 B.
 // - Dropped earlier (at 16384x4096->4096): 16-bit cooperative 256x128 c1x2 (cuBLAS nvjet's tile) 0.869-0.887
