@@ -11,6 +11,7 @@ share storage, so in-place updates of the running statistics land in the caller'
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -56,10 +57,27 @@ def gemm_workspace(
     return torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
 
 
-def _workspace_argument(x: Tensor, N: int, K: int, split: bool) -> dict:
-    """gemm_scale_stats's workspace keyword for the chosen row: {} where it needs none."""
-    workspace = gemm_workspace(x, N, K, split=split)
-    return {} if workspace is None else {"workspace": _dl(workspace)}
+@functools.lru_cache(maxsize=1024)
+def _gemm_plan(dtype_name: str, M: int, N: int, K: int, split: bool, device_index: int) -> tuple[int, int]:
+    """(rows per statistics partial, workspace bytes) of the row select_config picks for this shape.
+
+    Both depend only on the shape and the device (its SM count sizes a stream-K workspace), so a
+    forward looks them up here instead of making two binding calls (~1-2 us each) every time.
+    """
+    C = extension()
+    tile_rows, _ = C.gemm_config(dtype_name, M, N, K, split=split)
+    return tile_rows, C.gemm_workspace_bytes(dtype_name, M, N, K, -1, split, -1)
+
+
+def _plan_for(x: Tensor, N: int, K: int, split: bool) -> tuple[int, int]:
+    return _gemm_plan(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, split, x.device.index)
+
+
+def _workspace_argument(x: Tensor, workspace_bytes: int) -> dict:
+    """gemm_scale_stats's workspace keyword: {} where the chosen row needs none."""
+    if not workspace_bytes:
+        return {}
+    return {"workspace": _dl(torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device))}
 
 
 def train_forward(
@@ -91,7 +109,7 @@ def train_forward(
     save_invstd = torch.empty_like(save_mean)
     split = gemm_kind == precision_mod.SPLIT_FP32
     with _on_device(x) as stream:
-        tile_rows, _ = _C.gemm_config(_DTYPE_NAMES[x.dtype], M, N, K, split=split)
+        tile_rows, workspace_bytes = _plan_for(x, N, K, split)
         # Per (row block, column) mean and M2 of y as stored.
         partial_means = torch.empty((-(-M // tile_rows), N), dtype=torch.float32, device=x.device)
         partial_m2s = torch.empty_like(partial_means)
@@ -109,7 +127,7 @@ def train_forward(
             _dl(running_mean), _dl(running_var), _dl(num_batches_tracked), momentum, eps,
             _dl(save_mean), _dl(save_invstd), stream,
         )  # fmt: skip
-        gemm_extras = {**_split_operands(weight, M, gemm_kind, stream), **_workspace_argument(x, N, K, split)}
+        gemm_extras = {**_split_operands(weight, M, gemm_kind, stream), **_workspace_argument(x, workspace_bytes)}
         _C.gemm_scale_stats(*gemm_args, **gemm_extras)
         _C.finish_normalize(*finish_args)
     # The kernels wrote through DLPack, which autograd does not see: count the in-place updates.
@@ -137,12 +155,13 @@ def eval_forward(
     shift = torch.empty_like(gain)
     out = x.new_empty((M, N))
     with _on_device(x) as stream:
+        _, workspace_bytes = _plan_for(x, N, K, gemm_kind == precision_mod.SPLIT_FP32)
         _C.fold_eval_affine(
             _dl(gamma), _dl(beta), _dl(running_mean), _dl(running_var), eps, _dl(gain), _dl(shift), stream
         )
         _C.gemm_scale_stats(
             _dl(x), _dl(weight), _dl(out), _dl(bias), _dl(scale), _dl(gain), _dl(shift), None, None, None, stream,
             **_split_operands(weight, M, gemm_kind, stream),
-            **_workspace_argument(x, N, K, gemm_kind == precision_mod.SPLIT_FP32),
+            **_workspace_argument(x, workspace_bytes),
         )
     return out
