@@ -266,7 +266,8 @@ def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config:
         if config.name == "fp32":  # the fp32-faithful GEMM; its weight split once, untimed (as the module caches it)
             split = weight_cache.split_gemm_arguments(w, x.shape[0], stream)
             note += ", split fp32 GEMM (row_scales + GEMM)"
-        workspace = gemm_workspace(x, w.shape[0], x.shape[1], split=bool(split))  # stream-K rows only
+        # stream-K rows only; the row chosen for a launch without partials
+        workspace = gemm_workspace(x, w.shape[0], x.shape[1], split=bool(split), statistics=False)
         return (lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream, workspace=workspace,
                                            **split)), note
     raise ValueError(provider)

@@ -123,6 +123,15 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (16384, 4096, 4096): (0, 0),
         (65536, 1024, 1024): (0, 0),
     }
+    # Without the statistics node (eval, the plain GEMM) the short-K clause for 64x128 tiles is off.
+    short_k_shapes = ((4352, 1024, 1024), (16384, 1024, 1024), (4096, 1024, 4096), (4224, 1024, 4096),
+                      (16384, 512, 8192), (4096, 512, 8192), (65536, 512, 512), (16896, 512, 2048), (17024, 512, 2048))
+    short_k_statistics_only = dict.fromkeys(short_k_shapes, (0, 0))
+    for (M, K, N), (tf32_row, half_row) in {**expected_rows, **short_k_statistics_only}.items():
+        expected = 0 if split else tf32_row if tf32 else half_row
+        assert _C.gemm_selected_config(dtype, M, N, K, split, statistics=False) == expected, (M, K, N)
+        plain_row = (rows[expected]["partial_rows"], rows[expected]["tile_n"])
+        assert _C.gemm_config(dtype, M, N, K, -1, split, statistics=False) == plain_row, (M, K, N)
     for (M, K, N), (tf32_row, half_row) in expected_rows.items():
         expected = 0 if split else tf32_row if tf32 else half_row
         assert _C.gemm_selected_config(dtype, M, N, K, split) == expected, (M, K, N)

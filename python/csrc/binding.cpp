@@ -144,22 +144,27 @@ NB_MODULE(_C, m) {
   }, nb::arg("device"), "(True, '') where the fused kernels run on this CUDA device, else (False, reason).");
 
   m.def("gemm_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, int config,
-                          bool split) -> std::pair<int, int> {
+                          bool split, bool statistics) -> std::pair<int, int> {
     int row[gemmbn::kConfigFields];
     if (!gemmbn::gemm_config_row(parse_operands(dtype, split), config, checked_int(M, "M"), checked_int(N, "N"),
-                                 checked_int(K, "K"), row)) {
+                                 checked_int(K, "K"), row, statistics)) {
       fail("config is not a row of the configuration table");
     }
     return {row[gemmbn::kConfigFields - 1], row[1]};
   }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("config") = -1, nb::arg("split") = false,
+     nb::arg("statistics") = true,
      "(partial_rows, tile_n) of the GEMM configuration row used for this problem (config < 0: the one chosen "
-     "for it); partial_rows rows per statistics partial. split: the fp32-faithful GEMM's table.");
+     "for it); partial_rows rows per statistics partial. split: the fp32-faithful GEMM's table. statistics:\n"
+     "the choice for a launch with partials (False: without, as the eval forward).");
 
-  m.def("gemm_selected_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, bool split) {
+  m.def("gemm_selected_config", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, bool split,
+                                   bool statistics) {
     return gemmbn::gemm_selected_config(parse_operands(dtype, split), checked_int(M, "M"), checked_int(N, "N"),
-                                        checked_int(K, "K"));
+                                        checked_int(K, "K"), statistics);
   }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("split") = false,
-     "Index of the configuration row (gemm_configs) the GEMM runs for this problem by default.");
+     nb::arg("statistics") = true,
+     "Index of the configuration row (gemm_configs) the GEMM runs for this problem by default (statistics:\n"
+     "a launch with partials; False: without).");
 
   m.def("gemm_configs", [](const std::string& dtype, bool split) {
     const gemmbn::GemmOperands operands = parse_operands(dtype, split);
@@ -179,21 +184,25 @@ NB_MODULE(_C, m) {
      "The GEMM configuration table (configs.h) of dtype (split: the fp32-faithful GEMM's), one dict per row.");
 
   m.def("gemm_workspace_bytes", [](const std::string& dtype, int64_t M, int64_t N, int64_t K, int config,
-                                   bool split, int splits) {
+                                   bool split, int splits, bool statistics) {
     gemmbn::GemmScaleStatsArgs a;
     a.dtype = parse_dtype(dtype);
     (void)parse_operands(dtype, split);
     // The query reads only whether a split weight is given, not its contents.
     static const char split_marker = 0;
     if (split) a.weight_split = &split_marker;
+    // Likewise only whether partials are given (the row chosen may depend on it).
+    static float statistics_marker = 0.f;
+    if (statistics) a.partial_mean = a.partial_m2 = &statistics_marker;
     a.M = checked_int(M, "M"), a.N = checked_int(N, "N"), a.K = checked_int(K, "K");
     a.config = config, a.splits = splits;
     size_t bytes = 0;
     raise_on_error(gemmbn::gemm_workspace_bytes(a, bytes));
     return bytes;
   }, nb::arg("dtype"), nb::arg("M"), nb::arg("N"), nb::arg("K"), nb::arg("config") = -1, nb::arg("split") = false,
-     nb::arg("splits") = -1,
-     "Bytes of workspace gemm_scale_stats needs for this problem and row (config < 0: the one chosen for it):\n"
+     nb::arg("splits") = -1, nb::arg("statistics") = true,
+     "Bytes of workspace gemm_scale_stats needs for this problem and row (config < 0: the one chosen for it,\n"
+     "with partials when statistics, else without):\n"
      "0 except for stream-K rows. Pass a uint8 CUDA array of at least that size as workspace=.");
 
   m.def("split_weight_columns", [](int64_t K) { return gemmbn::split_weight_columns(checked_int(K, "K")); },

@@ -47,30 +47,35 @@ def _split_operands(weight: Tensor, rows: int, gemm_kind: str, stream: int) -> d
 
 
 def gemm_workspace(
-    x: Tensor, N: int, K: int, *, config: int = -1, split: bool = False, splits: int = -1
+    x: Tensor, N: int, K: int, *, config: int = -1, split: bool = False, splits: int = -1, statistics: bool = True
 ) -> Tensor | None:
-    """The GEMM's workspace for x [M, K] -> N columns on this row (config < 0: the row chosen), or None.
+    """The GEMM's workspace for x [M, K] -> N columns on this row (config < 0: the row chosen for a launch
+    with partials, or without when not ``statistics``), or None.
 
     Only stream-K rows need one (their partial accumulators and flags, zeroed by the launch itself).
     """
-    size = extension().gemm_workspace_bytes(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits)
+    size = extension().gemm_workspace_bytes(
+        _DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits, statistics
+    )
     return torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
 
 
 @functools.lru_cache(maxsize=1024)
-def _gemm_plan(dtype_name: str, M: int, N: int, K: int, split: bool, device_index: int) -> tuple[int, int]:
-    """(rows per statistics partial, workspace bytes) of the row select_config picks for this shape.
+def _gemm_plan(
+    dtype_name: str, M: int, N: int, K: int, split: bool, statistics: bool, device_index: int
+) -> tuple[int, int]:
+    """(rows per statistics partial, workspace bytes) of the row select_config picks for this launch.
 
-    Both depend only on the shape and the device (its SM count sizes a stream-K workspace), so a
-    forward looks them up here instead of making two binding calls (~1-2 us each) every time.
+    Both depend only on the shape, whether partials are computed and the device (its SM count sizes a
+    stream-K workspace), so a forward looks them up here instead of making two binding calls each time.
     """
     C = extension()
-    tile_rows, _ = C.gemm_config(dtype_name, M, N, K, split=split)
-    return tile_rows, C.gemm_workspace_bytes(dtype_name, M, N, K, -1, split, -1)
+    tile_rows, _ = C.gemm_config(dtype_name, M, N, K, split=split, statistics=statistics)
+    return tile_rows, C.gemm_workspace_bytes(dtype_name, M, N, K, -1, split, -1, statistics)
 
 
-def _plan_for(x: Tensor, N: int, K: int, split: bool) -> tuple[int, int]:
-    return _gemm_plan(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, split, x.device.index)
+def _plan_for(x: Tensor, N: int, K: int, split: bool, statistics: bool) -> tuple[int, int]:
+    return _gemm_plan(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, split, statistics, x.device.index)
 
 
 def _workspace_argument(x: Tensor, workspace_bytes: int) -> dict:
@@ -109,7 +114,7 @@ def train_forward(
     save_invstd = torch.empty_like(save_mean)
     split = gemm_kind == precision_mod.SPLIT_FP32
     with _on_device(x) as stream:
-        tile_rows, workspace_bytes = _plan_for(x, N, K, split)
+        tile_rows, workspace_bytes = _plan_for(x, N, K, split, statistics=True)
         # Per (row block, column) mean and M2 of y as stored.
         partial_means = torch.empty((-(-M // tile_rows), N), dtype=torch.float32, device=x.device)
         partial_m2s = torch.empty_like(partial_means)
@@ -155,7 +160,7 @@ def eval_forward(
     shift = torch.empty_like(gain)
     out = x.new_empty((M, N))
     with _on_device(x) as stream:
-        _, workspace_bytes = _plan_for(x, N, K, gemm_kind == precision_mod.SPLIT_FP32)
+        _, workspace_bytes = _plan_for(x, N, K, gemm_kind == precision_mod.SPLIT_FP32, statistics=False)
         _C.fold_eval_affine(
             _dl(gamma), _dl(beta), _dl(running_mean), _dl(running_var), eps, _dl(gain), _dl(shift), stream
         )

@@ -85,16 +85,18 @@ inline GemmOperands gemm_operands(DType dtype, bool split) {
 inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) { return gemm_operands(a.dtype, a.weight_split); }
 // The number of rows in the operands' configuration table (kernels/include/gemmbn/configs.h).
 int gemm_config_count(GemmOperands operands);
-// The table row the GEMM runs for this problem when the call leaves config < 0.
-int gemm_selected_config(GemmOperands operands, int M, int N, int K);
+// The table row the GEMM runs for this problem when the call leaves config < 0; statistics: whether
+// the call computes the partials (the training forward) or not (eval, the plain GEMM).
+int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics = true);
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
 // stream_k, partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if
 // config is out of range.
 inline constexpr int kConfigFields = 12;
-bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields]);
-// Workspace the call needs (args' dtype, split weight presence, M, N, K, config and splits are read;
-// pointers are not): 0 for all but stream-K rows. Queries the current device's SM count.
+bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields],
+                     bool statistics = true);
+// Workspace the call needs (args' dtype, split weight and partial_mean presence, M, N, K, config and
+// splits are read; pointers are not): 0 for all but stream-K rows. Queries the current device's SM count.
 Status gemm_workspace_bytes(const GemmScaleStatsArgs& args, size_t& bytes);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 

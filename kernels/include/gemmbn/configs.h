@@ -135,6 +135,6 @@ inline constexpr TileConfig const& config_at(GemmOperands operands, int index) {
 }
 
 // Index into the operands' table for this problem (one rule, measured rows; see gemm_dispatch.cpp).
-int select_config(GemmOperands operands, int M, int N, int K);
+int select_config(GemmOperands operands, int M, int N, int K, bool statistics);
 
 }  // namespace gemmbn
