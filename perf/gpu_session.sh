@@ -20,6 +20,7 @@
 #   tune-epilogue     perf/tune_gemm.py, every row, heuristic order, TF32 and bf16, at 16384x512->8192,
 #                     65536x1024->1024 and 16384x4096->4096 (the statistics node's cost); other sizes by
 #                     GEMMBN_TUNE_SIZES="M K N;M K N;..."
+#   bench-short-k     perf/bench.py --set short_k, TF32 and bf16, without torch.compile
 #   sweep             perf/bench.py's sweep set, TF32 and bf16, gemmbn against eager and torch.compile (--quick)
 #   main-job          python -m gemmbn
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
@@ -97,6 +98,12 @@ for name in $steps; do
     bench)
       timeout $(limit 300) python3 perf/bench.py --set kernelbench --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only \
         --out "$out/bench.csv" 2>&1 | tee "$out/bench.txt" | grep "^|" ;;
+    bench-short-k)
+      # The short_k set without torch.compile (its compilations would take the call's time): train, eval,
+      # the plain GEMM and cuBLAS side by side.
+      timeout $(limit 120) python3 perf/bench.py --set short_k --configs tf32,bf16 \
+        --providers gemmbn,eager,cublas,gemmbn-gemm-only --out "$out/bench_short_k.csv" 2>&1 \
+        | tee "$out/bench_short_k.txt" | grep "^|" ;;
     sweep)
       timeout $(limit 200) python3 perf/bench.py --set sweep --configs tf32,bf16 --providers gemmbn,eager,compile \
         --quick --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.txt" | grep "^|" | head -50 ;;

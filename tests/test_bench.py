@@ -158,5 +158,7 @@ def test_shape_sets():
     assert all(s.K in (512, 1024, 2048, 4096, 8192) and s.N in (512, 1024, 2048, 4096, 8192) for s in sweep)
     assert [name for name, _ in shapes.resolve("all")][:3] == ["kernelbench", "large_n", "tiny"]
     assert len(shapes.resolve("tiny,sweep")) == 1 + len(sweep)
+    # short_k picks short-K shapes of the sweep (K <= 1024), for a quick run of select_config's short-K rule.
+    assert shapes.SETS["short_k"] and all(s.K <= 1024 and s in sweep for s in shapes.SETS["short_k"])
     with pytest.raises(ValueError, match="unknown shape set"):
         shapes.resolve("huge")
