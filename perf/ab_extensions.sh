@@ -3,7 +3,9 @@
 #   bash perf/ab_extensions.sh OUT_DIR DIR_A DIR_B ROUNDS SIZE... -- [perf/tune_gemm.py arguments]
 # DIR_A and DIR_B each hold one _C*.so (e.g. two gpu_session.sh build outputs, carried). For each SIZE
 # ("M K N"), runs tune_gemm.py ROUNDS times per variant, alternating A, B, A, B, ... Each variant
-# imports this tree's python/gemmbn with its own extension. CSVs: OUT_DIR/ab_<variant>_<MxKxN>_<round>.csv.
+# imports this tree's python/gemmbn with its own extension, so both must take this tree's binding
+# arguments (an extension built before a binding change fails in tune_gemm.py with "incompatible
+# function arguments"). CSVs: OUT_DIR/ab_<variant>_<MxKxN>_<round>.csv.
 set -euo pipefail
 out=$1 dir_a=$2 dir_b=$3 rounds=$4
 shift 4
