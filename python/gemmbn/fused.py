@@ -57,6 +57,11 @@ def gemm_workspace(
     size = extension().gemm_workspace_bytes(
         _DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits, statistics
     )
+    return _new_workspace(x, size)
+
+
+def _new_workspace(x: Tensor, size: int) -> Tensor | None:
+    """size bytes of workspace on x's device from PyTorch's cache, or None when the row needs none."""
     return torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
 
 
@@ -80,9 +85,8 @@ def _plan_for(x: Tensor, N: int, K: int, split: bool, statistics: bool) -> tuple
 
 def _workspace_argument(x: Tensor, workspace_bytes: int) -> dict:
     """gemm_scale_stats's workspace keyword: {} where the chosen row needs none."""
-    if not workspace_bytes:
-        return {}
-    return {"workspace": _dl(torch.empty(workspace_bytes, dtype=torch.uint8, device=x.device))}
+    workspace = _new_workspace(x, workspace_bytes)
+    return {} if workspace is None else {"workspace": _dl(workspace)}
 
 
 def train_forward(
