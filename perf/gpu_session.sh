@@ -23,6 +23,8 @@
 #   bench-short-k     perf/bench.py --set short_k, TF32 and bf16, without torch.compile
 #   sweep             perf/bench.py's sweep set, TF32 and bf16, gemmbn against eager and torch.compile (--quick)
 #   main-job          python -m gemmbn
+#   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
+#                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 #   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
 #                     (the short-K shapes' cost), plus tune_gemm.py there over every tile order
@@ -133,6 +135,14 @@ for name in $steps; do
         timeout $(limit 90) python3 perf/tune_gemm.py --size $size --dtypes float32,bfloat16 --rasters 0 \
           --swizzles 1 --iters 10 --out "$out/tune_epilogue_${size// /x}.csv" 2>&1 \
           | tee -a "$out/tune_epilogue.txt" | awk '/:/{c=0} {c++; if (c<=9) print}'
+      done ;;
+    anatomy)
+      IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
+      for case in "${cases[@]}"; do
+        (( $(limit 20) < 20 )) && break
+        read -r M K N dtype <<< "$case"
+        timeout $(limit 60) python3 perf/anatomy.py --size $M $K $N --dtype $dtype --providers gemmbn,eager 2>&1 \
+          | tee -a "$out/anatomy.txt" | grep -E "x[0-9]|kernels per forward|H200"
       done ;;
     *) echo "unknown step '$name'" ;;
   esac
