@@ -136,3 +136,16 @@ def test_selection_follows_the_measured_rule(dtype, split):
         expected = 0 if split else tf32_row if tf32 else half_row
         assert _C.gemm_selected_config(dtype, M, N, K, split) == expected, (M, K, N)
         assert _C.gemm_config(dtype, M, N, K, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])
+
+
+def test_one_call_forwards_refuse_host_arrays():
+    # The bindings check every array before any CUDA call, so host arrays are refused even where no GPU
+    # is (the GPU tests check the launches and the other refusals).
+    torch = pytest.importorskip("torch")
+    M, K, N = 8, 16, 16
+    x, w, y = torch.rand(M, K), torch.rand(N, K), torch.rand(M, N)
+    partials, save, affine = torch.rand(2, 1, N), torch.rand(N), torch.rand(2, N)
+    with pytest.raises(ValueError, match="x must be a CUDA array"):
+        _C.train_forward(x, w, y, None, None, None, None, None, None, None, None, partials, 0.1, 1e-5, save, save, 0)
+    with pytest.raises(ValueError, match="x must be a CUDA array"):
+        _C.eval_forward(x, w, y, None, None, None, None, save, save, 1e-5, affine, 0)

@@ -323,6 +323,126 @@ def test_bad_arguments_raise_and_launch_nothing():
     assert y.isnan().all(), "a rejected call must not write"
 
 
+# --- the one-call forwards (train_forward, eval_forward) ---------------------------------------
+
+
+def _train_case(name, M=1000, K=512, N=264, seed=5):
+    """Inputs of a training forward, each call's outputs and scratch poisoned (NaN) by make_outputs()."""
+    dtype = _dtype(name)
+    x, w, b, s = _problem(M, K, N, dtype, seed=seed)
+    gamma = (torch.rand(N, device="cuda") + 0.5).to(dtype)
+    beta = torch.randn(N, device="cuda").to(dtype)
+    tile_m, _ = _C.gemm_config(DTYPE_NAMES[dtype], M, N, K, -1, OPERANDS[name][1])
+
+    def make_outputs():
+        nan = float("nan")
+        return (torch.full((M, N), nan, device="cuda", dtype=dtype), torch.full((M, N), nan, device="cuda", dtype=dtype),
+                torch.full((2, -(-M // tile_m), N), nan, device="cuda"), torch.full((N,), nan, device="cuda"),
+                torch.full((N,), nan, device="cuda"))  # fmt: skip
+
+    return x, w, b, s, gamma, beta, tile_m, make_outputs
+
+
+def _split_keywords(name, w, M):
+    if not OPERANDS[name][1]:
+        return {}
+    weight_split, weight_unscale = _split_operands(w)
+    return {"weight_split": weight_split, "weight_unscale": weight_unscale,
+            "x_scale": torch.full((_C.row_scale_count(M),), float("nan"), device="cuda")}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(OPERANDS))
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_train_forward_is_the_two_launches(name, momentum):
+    # train_forward makes gemm_scale_stats + finish_normalize in one call: bitwise what the two calls give
+    # (test_training_pipeline checks those against float64), both for out given and in place (out None).
+    x, w, b, s, gamma, beta, tile_m, make_outputs = _train_case(name)
+    M, N = x.shape[0], w.shape[0]
+    dtype, split = x.dtype, _split_keywords(name, w, M)
+    workspace = _workspace(DTYPE_NAMES[dtype], M, N, x.shape[1], split=bool(split))
+    stats0 = torch.randn(N, device="cuda").to(dtype), (torch.rand(N, device="cuda") + 0.5).to(dtype)
+    results = []
+    for how in ("two launches", "train_forward", "train_forward in place"):
+        running_mean, running_var = stats0[0].clone(), stats0[1].clone()
+        counter = torch.tensor([4], device="cuda", dtype=torch.int64)
+        y, out, partials, save_mean, save_invstd = make_outputs()
+        if how == "two launches":
+            _C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], counter, _stream(),
+                                workspace=workspace, **split)
+            _C.finish_normalize(y, out, partials[0], partials[1], tile_m, gamma, beta, running_mean, running_var,
+                                counter, momentum, 1e-5, save_mean, save_invstd, _stream())
+        else:
+            in_place = how.endswith("in place")
+            _C.train_forward(x, w, y, None if in_place else out, b, s, gamma, beta, running_mean, running_var,
+                             counter, partials, momentum, 1e-5, save_mean, save_invstd, _stream(),
+                             workspace=workspace, **split)
+            if in_place:
+                out = y
+        torch.cuda.synchronize()
+        assert counter.item() == 5, f"{how}: num_batches_tracked must move exactly once"
+        assert not out.isnan().any(), f"{how}: unwritten output"
+        results.append((out, save_mean, save_invstd, running_mean, running_var))
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            assert torch.equal(a, c)
+
+
+def test_train_forward_refuses_before_launching():
+    # A refused call must launch neither kernel: y stays poisoned, no running statistic or counter moves.
+    x, w, b, s, gamma, beta, tile_m, make_outputs = _train_case("float32")
+    N = w.shape[0]
+    running_mean, running_var = torch.randn(N, device="cuda"), torch.rand(N, device="cuda") + 0.5
+    rm0, rv0 = running_mean.clone(), running_var.clone()
+    counter = torch.tensor([4], device="cuda", dtype=torch.int64)
+    y, out, partials, save_mean, save_invstd = make_outputs()
+    good = dict(x=x, weight=w, y=y, out=out, bias=b, scale=s, gamma=gamma, beta=beta, running_mean=running_mean,
+                running_var=running_var, batches_tracked=counter, partials=partials, momentum=0.1, eps=1e-5,
+                save_mean=save_mean, save_invstd=save_invstd, stream=_stream())  # fmt: skip
+    bad = [
+        ({"partials": partials[:, 1:]}, "partials must have shape"),  # one tile short
+        ({"eps": 0.0}, "eps must be positive"),
+        ({"momentum": None, "batches_tracked": None}, "momentum=None needs batches_tracked"),
+        ({"save_invstd": save_invstd[1:]}, "save_invstd must have shape"),
+        ({"gamma": gamma.half()}, "gamma must be float32"),
+        ({"out": out[1:]}, "out must have shape"),
+        ({"running_var": None}, "running_mean and running_var go together"),
+    ]
+    for change, match in bad:
+        with pytest.raises(ValueError, match=match):
+            _C.train_forward(**{**good, **change})
+    torch.cuda.synchronize()
+    assert y.isnan().all() and out.isnan().all(), "a refused call must not launch the GEMM or the finish"
+    assert counter.item() == 4
+    assert torch.equal(running_mean, rm0) and torch.equal(running_var, rv0)
+
+
+@pytest.mark.parametrize("name", list(OPERANDS))
+def test_eval_forward_is_the_fold_and_the_gemm(name):
+    # eval_forward makes fold_eval_affine + gemm_scale_stats in one call: bitwise what the two give
+    # (test_eval_folded_affine checks those against float64).
+    dtype = _dtype(name)
+    M, K, N = 333, 256, 264
+    x, w, b, s = _problem(M, K, N, dtype, seed=6)
+    gamma = (torch.rand(N, device="cuda") + 0.5).to(dtype)
+    beta = torch.randn(N, device="cuda").to(dtype)
+    rm = torch.randn(N, device="cuda").to(dtype)
+    rv = (torch.rand(N, device="cuda") + 0.5).to(dtype)
+    split = _split_keywords(name, w, M)
+    workspace = _workspace(DTYPE_NAMES[dtype], M, N, K, split=bool(split))
+    gain = torch.full((N,), float("nan"), device="cuda")
+    shift = torch.full((N,), float("nan"), device="cuda")
+    _C.fold_eval_affine(gamma, beta, rm, rv, 1e-5, gain, shift, _stream())
+    expected, _, _, _ = _gemm(x, w, b, s, name, stats=False, gain=gain, shift=shift)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
+    affine = torch.full((2, N), float("nan"), device="cuda")
+    _C.eval_forward(x, w, out, b, s, gamma, beta, rm, rv, 1e-5, affine, _stream(), workspace=workspace, **split)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+    assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match="affine must have shape"):
+        _C.eval_forward(x, w, out, b, s, gamma, beta, rm, rv, 1e-5, affine[:, 1:], _stream(), **split)
+
+
 # --- the fp32-faithful split GEMM ---------------------------------------------------------------
 
 

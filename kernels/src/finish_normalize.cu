@@ -188,7 +188,7 @@ cudaError_t resident_blocks(int device, int sm_count, int& blocks) {
 
 }  // namespace
 
-Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
+Status finish_normalize_check(const FinishNormalizeArgs& a) {
   if (a.M < 2) return Status::invalid("batch statistics need M >= 2 rows");
   if (a.N < 1 || a.tile_rows < 1) return Status::invalid("N and tile_rows must be positive");
   if (a.N % (16 / dtype_size(a.dtype)) != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype");
@@ -202,6 +202,11 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (a.running_mean && a.cumulative && !a.batches_tracked) {
     return Status::invalid("momentum=None needs batches_tracked");
   }
+  return Status::success();
+}
+
+Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
+  if (Status s = finish_normalize_check(a); !s) return s;
   int device = 0, sm_count = 0;
   if (cudaError_t e = current_device_info(device, sm_count); e != cudaSuccess) {
     return Status::from_cuda(e, "querying the current device");

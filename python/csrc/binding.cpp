@@ -132,6 +132,109 @@ void raise_on_error(const Status& s) {
 
 cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
 
+// gemm_scale_stats's arguments from checked arrays, all but the partials and batches_tracked.
+gemmbn::GemmScaleStatsArgs gemm_arguments(const Array& x, const Array& weight, const Array& y,
+                                          const OptionalArray& bias, const OptionalArray& scale,
+                                          const OptionalArray& gain, const OptionalArray& shift,
+                                          const OptionalArray& weight_split, const OptionalArray& weight_unscale,
+                                          const OptionalArray& x_scale, const OptionalArray& workspace) {
+  if (x.ndim() != 2 || weight.ndim() != 2) fail("x and weight must be 2-D");
+  gemmbn::GemmScaleStatsArgs a;
+  if (workspace) {
+    if (workspace->ndim() != 1) fail("workspace must be 1-D, got shape " + shape_string(*workspace));
+    check(*workspace, "workspace", {int64_t(workspace->shape(0))}, "uint8");
+    a.workspace = workspace->data();
+    a.workspace_bytes = workspace->shape(0);
+  }
+  a.dtype = dtype_of(x, "x");
+  if (weight_split.has_value() != weight_unscale.has_value() || weight_split.has_value() != x_scale.has_value()) {
+    fail("weight_split, weight_unscale and x_scale go together");
+  }
+  const std::string dt = dtype_string(a.dtype);
+  a.M = checked_int(x.shape(0), "M");
+  a.K = checked_int(x.shape(1), "K");
+  a.N = checked_int(weight.shape(0), "N");
+  check(x, "x", {a.M, a.K}, dt);
+  check(weight, "weight", {a.N, a.K}, dt);
+  check(y, "y", {a.M, a.N}, dt);
+  a.x = x.data(), a.weight = weight.data(), a.y = y.data();
+  if (weight_split) {
+    if (a.dtype != DType::f32) fail("weight_split (the fp32-faithful GEMM) needs float32 x");
+    check(*weight_split, "weight_split", {a.N, gemmbn::split_weight_columns(a.K)}, "float16");
+    check(*weight_unscale, "weight_unscale", {a.N}, "float32");
+    check(*x_scale, "x_scale", {gemmbn::row_scale_count(a.M)}, "float32");
+    a.weight_split = weight_split->data();
+    a.weight_unscale = static_cast<const float*>(weight_unscale->data());
+    a.x_scale = static_cast<float*>(x_scale->data());
+  }
+  a.bias = optional_vector(bias, "bias", a.N, dt);
+  a.scale = optional_vector(scale, "scale", a.N, dt);
+  a.gain = static_cast<const float*>(optional_vector(gain, "gain", a.N, "float32"));
+  a.shift = static_cast<const float*>(optional_vector(shift, "shift", a.N, "float32"));
+  return a;
+}
+
+// Rows per statistics partial of the row the launch runs (a.config, or the one chosen with partials).
+int64_t partial_rows(const gemmbn::GemmScaleStatsArgs& a) {
+  int row[gemmbn::kConfigFields];
+  if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(a), a.config, a.M, a.N, a.K, row)) {
+    fail("config is not a row of the configuration table");
+  }
+  return row[gemmbn::kConfigFields - 1];
+}
+
+// finish_normalize's arguments from checked arrays over y [M, N], all but the partials.
+gemmbn::FinishNormalizeArgs finish_arguments(const Array& y, const Array& out, int tile_rows,
+                                             const OptionalArray& gamma, const OptionalArray& beta,
+                                             const OptionalArray& running_mean, const OptionalArray& running_var,
+                                             const OptionalArray& batches_tracked, std::optional<double> momentum,
+                                             double eps, const Array& save_mean, const Array& save_invstd) {
+  if (y.ndim() != 2) fail("y must be 2-D");
+  gemmbn::FinishNormalizeArgs a;
+  a.dtype = dtype_of(y, "y");
+  const std::string dt = dtype_string(a.dtype);
+  a.M = checked_int(y.shape(0), "M");
+  a.N = checked_int(y.shape(1), "N");
+  if (tile_rows < 1) fail("tile_rows must be positive");
+  a.tile_rows = tile_rows;
+  check(y, "y", {a.M, a.N}, dt);
+  check(out, "out", {a.M, a.N}, dt);
+  check(save_mean, "save_mean", {a.N}, "float32");
+  check(save_invstd, "save_invstd", {a.N}, "float32");
+  if (running_mean.has_value() != running_var.has_value()) fail("running_mean and running_var go together");
+  if (!(eps > 0)) fail("eps must be positive");
+  a.y = y.data(), a.out = out.data();
+  a.gamma = optional_vector(gamma, "gamma", a.N, dt);
+  a.beta = optional_vector(beta, "beta", a.N, dt);
+  a.running_mean = const_cast<void*>(optional_vector(running_mean, "running_mean", a.N, dt));
+  a.running_var = const_cast<void*>(optional_vector(running_var, "running_var", a.N, dt));
+  a.batches_tracked = optional_counter(batches_tracked);
+  a.cumulative = !momentum.has_value();
+  a.momentum = momentum.value_or(0.0);
+  a.eps = eps;
+  a.save_mean = static_cast<float*>(save_mean.data());
+  a.save_invstd = static_cast<float*>(save_invstd.data());
+  return a;
+}
+
+// fold_eval_affine's arguments from checked arrays, all but gain and shift.
+gemmbn::FoldEvalAffineArgs fold_arguments(const OptionalArray& gamma, const OptionalArray& beta,
+                                          const Array& running_mean, const Array& running_var, double eps) {
+  if (running_mean.ndim() != 1) fail("running_mean must be 1-D");
+  gemmbn::FoldEvalAffineArgs a;
+  a.dtype = dtype_of(running_mean, "running_mean");
+  const std::string dt = dtype_string(a.dtype);
+  a.N = checked_int(running_mean.shape(0), "N");
+  check(running_mean, "running_mean", {a.N}, dt);
+  check(running_var, "running_var", {a.N}, dt);
+  if (!(eps > 0)) fail("eps must be positive");
+  a.gamma = optional_vector(gamma, "gamma", a.N, dt);
+  a.beta = optional_vector(beta, "beta", a.N, dt);
+  a.running_mean = running_mean.data(), a.running_var = running_var.data();
+  a.eps = eps;
+  return a;
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -232,48 +335,12 @@ NB_MODULE(_C, m) {
            OptionalArray batches_tracked, std::uintptr_t stream, int config, int raster, int swizzle, int splits,
            OptionalArray weight_split, OptionalArray weight_unscale, OptionalArray x_scale,
            OptionalArray workspace) {
-          if (x.ndim() != 2 || weight.ndim() != 2) fail("x and weight must be 2-D");
-          gemmbn::GemmScaleStatsArgs a;
+          gemmbn::GemmScaleStatsArgs a = gemm_arguments(x, weight, y, bias, scale, gain, shift, weight_split,
+                                                        weight_unscale, x_scale, workspace);
           a.config = config, a.raster = raster, a.swizzle = swizzle, a.splits = splits;
-          if (workspace) {
-            if (workspace->ndim() != 1) fail("workspace must be 1-D, got shape " + shape_string(*workspace));
-            check(*workspace, "workspace", {int64_t(workspace->shape(0))}, "uint8");
-            a.workspace = workspace->data();
-            a.workspace_bytes = workspace->shape(0);
-          }
-          a.dtype = dtype_of(x, "x");
-          if (weight_split.has_value() != weight_unscale.has_value() || weight_split.has_value() != x_scale.has_value()) {
-            fail("weight_split, weight_unscale and x_scale go together");
-          }
-          const std::string dt = dtype_string(a.dtype);
-          a.M = checked_int(x.shape(0), "M");
-          a.K = checked_int(x.shape(1), "K");
-          a.N = checked_int(weight.shape(0), "N");
-          check(x, "x", {a.M, a.K}, dt);
-          check(weight, "weight", {a.N, a.K}, dt);
-          check(y, "y", {a.M, a.N}, dt);
-          a.x = x.data(), a.weight = weight.data(), a.y = y.data();
-          if (weight_split) {
-            if (a.dtype != DType::f32) fail("weight_split (the fp32-faithful GEMM) needs float32 x");
-            check(*weight_split, "weight_split", {a.N, gemmbn::split_weight_columns(a.K)}, "float16");
-            check(*weight_unscale, "weight_unscale", {a.N}, "float32");
-            check(*x_scale, "x_scale", {gemmbn::row_scale_count(a.M)}, "float32");
-            a.weight_split = weight_split->data();
-            a.weight_unscale = static_cast<const float*>(weight_unscale->data());
-            a.x_scale = static_cast<float*>(x_scale->data());
-          }
-          a.bias = optional_vector(bias, "bias", a.N, dt);
-          a.scale = optional_vector(scale, "scale", a.N, dt);
-          a.gain = static_cast<const float*>(optional_vector(gain, "gain", a.N, "float32"));
-          a.shift = static_cast<const float*>(optional_vector(shift, "shift", a.N, "float32"));
           if (partial_mean.has_value() != partial_m2.has_value()) fail("partial_mean and partial_m2 go together");
           if (partial_mean) {
-            int row[gemmbn::kConfigFields];
-            if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(a), config, a.M, a.N, a.K, row)) {
-              fail("config is not a row of the configuration table");
-            }
-            const int64_t tile_rows = row[gemmbn::kConfigFields - 1];
-            const int64_t tiles = (a.M + tile_rows - 1) / tile_rows;
+            const int64_t tile_rows = partial_rows(a), tiles = (a.M + tile_rows - 1) / tile_rows;
             check(*partial_mean, "partial_mean", {tiles, a.N}, "float32");
             check(*partial_m2, "partial_m2", {tiles, a.N}, "float32");
             a.partial_mean = static_cast<float*>(partial_mean->data());
@@ -294,6 +361,36 @@ NB_MODULE(_C, m) {
         "weight_split/weight_unscale (split_weight's output for weight) and x_scale (float32 [row_scale_count(M)],\n"
         "a workspace): the fp32-faithful GEMM for float32 x.");
 
+  m.def("train_forward",
+        [](Array x, Array weight, Array y, OptionalArray out, OptionalArray bias, OptionalArray scale,
+           OptionalArray gamma, OptionalArray beta, OptionalArray running_mean, OptionalArray running_var,
+           OptionalArray batches_tracked, Array partials, std::optional<double> momentum, double eps,
+           Array save_mean, Array save_invstd, std::uintptr_t stream, OptionalArray weight_split,
+           OptionalArray weight_unscale, OptionalArray x_scale, OptionalArray workspace) {
+          gemmbn::GemmScaleStatsArgs g = gemm_arguments(x, weight, y, bias, scale, std::nullopt, std::nullopt,
+                                                        weight_split, weight_unscale, x_scale, workspace);
+          const int64_t tile_rows = partial_rows(g), tiles = (g.M + tile_rows - 1) / tile_rows;
+          check(partials, "partials", {2, tiles, g.N}, "float32");
+          g.partial_mean = static_cast<float*>(partials.data());
+          g.partial_m2 = g.partial_mean + tiles * g.N;
+          gemmbn::FinishNormalizeArgs f = finish_arguments(y, out ? *out : y, int(tile_rows), gamma, beta, running_mean,
+                                                           running_var, batches_tracked, momentum, eps, save_mean,
+                                                           save_invstd);
+          f.partial_mean = g.partial_mean, f.partial_m2 = g.partial_m2;
+          g.batches_tracked = optional_counter(batches_tracked);
+          raise_on_error(gemmbn::train_forward(g, f, as_stream(stream)));
+        },
+        nb::arg("x"), nb::arg("weight"), nb::arg("y"), nb::arg("out").none(), nb::arg("bias").none(),
+        nb::arg("scale").none(), nb::arg("gamma").none(), nb::arg("beta").none(), nb::arg("running_mean").none(),
+        nb::arg("running_var").none(), nb::arg("batches_tracked").none(), nb::arg("partials"),
+        nb::arg("momentum").none(), nb::arg("eps"), nb::arg("save_mean"), nb::arg("save_invstd"), nb::arg("stream"),
+        nb::kw_only(), nb::arg("weight_split").none() = nb::none(), nb::arg("weight_unscale").none() = nb::none(),
+        nb::arg("x_scale").none() = nb::none(), nb::arg("workspace").none() = nb::none(),
+        "The training forward, both launches: gemm_scale_stats (y and its partials, batches_tracked += 1) then\n"
+        "finish_normalize (out = normalized y; out None: in place in y). partials: float32 [2, tiles, N] scratch\n"
+        "(the partial means, then the M2s; tiles = ceil(M / gemm_config(...)[0])). Every argument is checked\n"
+        "before the first launch. Keywords as gemm_scale_stats's.");
+
   m.def("row_scale_count", [](int64_t M) { return gemmbn::row_scale_count(checked_int(M, "M")); }, nb::arg("M"),
         "Entries of the split GEMM's x_scale workspace for M rows (whole 128-row tiles).");
 
@@ -302,36 +399,13 @@ NB_MODULE(_C, m) {
            OptionalArray beta, OptionalArray running_mean,
            OptionalArray running_var, OptionalArray batches_tracked, std::optional<double> momentum, double eps,
            Array save_mean, Array save_invstd, std::uintptr_t stream) {
-          if (y.ndim() != 2) fail("y must be 2-D");
-          gemmbn::FinishNormalizeArgs a;
-          a.dtype = dtype_of(y, "y");
-          const std::string dt = dtype_string(a.dtype);
-          a.M = checked_int(y.shape(0), "M");
-          a.N = checked_int(y.shape(1), "N");
-          if (tile_rows < 1) fail("tile_rows must be positive");
-          a.tile_rows = tile_rows;
+          gemmbn::FinishNormalizeArgs a = finish_arguments(y, out, tile_rows, gamma, beta, running_mean, running_var,
+                                                           batches_tracked, momentum, eps, save_mean, save_invstd);
           const int64_t tiles = (int64_t(a.M) + tile_rows - 1) / tile_rows;
-          check(y, "y", {a.M, a.N}, dt);
-          check(out, "out", {a.M, a.N}, dt);
           check(partial_mean, "partial_mean", {tiles, a.N}, "float32");
           check(partial_m2, "partial_m2", {tiles, a.N}, "float32");
-          check(save_mean, "save_mean", {a.N}, "float32");
-          check(save_invstd, "save_invstd", {a.N}, "float32");
-          if (running_mean.has_value() != running_var.has_value()) fail("running_mean and running_var go together");
-          if (!(eps > 0)) fail("eps must be positive");
-          a.y = y.data(), a.out = out.data();
           a.partial_mean = static_cast<const float*>(partial_mean.data());
           a.partial_m2 = static_cast<const float*>(partial_m2.data());
-          a.gamma = optional_vector(gamma, "gamma", a.N, dt);
-          a.beta = optional_vector(beta, "beta", a.N, dt);
-          a.running_mean = const_cast<void*>(optional_vector(running_mean, "running_mean", a.N, dt));
-          a.running_var = const_cast<void*>(optional_vector(running_var, "running_var", a.N, dt));
-          a.batches_tracked = optional_counter(batches_tracked);
-          a.cumulative = !momentum.has_value();
-          a.momentum = momentum.value_or(0.0);
-          a.eps = eps;
-          a.save_mean = static_cast<float*>(save_mean.data());
-          a.save_invstd = static_cast<float*>(save_invstd.data());
           raise_on_error(gemmbn::finish_normalize(a, as_stream(stream)));
         },
         nb::arg("y"), nb::arg("out"), nb::arg("partial_mean"), nb::arg("partial_m2"), nb::arg("tile_rows"),
@@ -340,23 +414,36 @@ NB_MODULE(_C, m) {
         nb::arg("momentum").none(), nb::arg("eps"), nb::arg("save_mean"), nb::arg("save_invstd"), nb::arg("stream"),
         "Merge the partials, update running statistics, out = (y - mean) * invstd * gamma + beta.");
 
+  m.def("eval_forward",
+        [](Array x, Array weight, Array out, OptionalArray bias, OptionalArray scale, OptionalArray gamma,
+           OptionalArray beta, Array running_mean, Array running_var, double eps, Array affine, std::uintptr_t stream,
+           OptionalArray weight_split, OptionalArray weight_unscale, OptionalArray x_scale, OptionalArray workspace) {
+          gemmbn::GemmScaleStatsArgs g = gemm_arguments(x, weight, out, bias, scale, std::nullopt, std::nullopt,
+                                                        weight_split, weight_unscale, x_scale, workspace);
+          gemmbn::FoldEvalAffineArgs f = fold_arguments(gamma, beta, running_mean, running_var, eps);
+          if (f.N != g.N) fail("running_mean has " + std::to_string(f.N) + " entries, weight " + std::to_string(g.N) + " rows");
+          check(affine, "affine", {2, g.N}, "float32");
+          f.gain = static_cast<float*>(affine.data()), f.shift = f.gain + g.N;
+          g.gain = f.gain, g.shift = f.shift;
+          // The fold writes only the affine scratch, so a GEMM refused after it leaves the caller's state as it was.
+          raise_on_error(gemmbn::fold_eval_affine(f, as_stream(stream)));
+          raise_on_error(gemmbn::gemm_scale_stats(g, as_stream(stream)));
+        },
+        nb::arg("x"), nb::arg("weight"), nb::arg("out"), nb::arg("bias").none(), nb::arg("scale").none(),
+        nb::arg("gamma").none(), nb::arg("beta").none(), nb::arg("running_mean"), nb::arg("running_var"),
+        nb::arg("eps"), nb::arg("affine"), nb::arg("stream"), nb::kw_only(),
+        nb::arg("weight_split").none() = nb::none(), nb::arg("weight_unscale").none() = nb::none(),
+        nb::arg("x_scale").none() = nb::none(), nb::arg("workspace").none() = nb::none(),
+        "The eval forward, both launches: fold_eval_affine into affine (float32 [2, N] scratch: gain, shift),\n"
+        "then gemm_scale_stats with that affine and no statistics: out = ((x W^T + b) s) gain + shift.\n"
+        "Keywords as gemm_scale_stats's (workspace: gemm_workspace_bytes(..., statistics=False)).");
+
   m.def("fold_eval_affine",
         [](OptionalArray gamma, OptionalArray beta, Array running_mean, Array running_var, double eps, Array gain,
            Array shift, std::uintptr_t stream) {
-          if (running_mean.ndim() != 1) fail("running_mean must be 1-D");
-          gemmbn::FoldEvalAffineArgs a;
-          a.dtype = dtype_of(running_mean, "running_mean");
-          const std::string dt = dtype_string(a.dtype);
-          a.N = checked_int(running_mean.shape(0), "N");
-          check(running_mean, "running_mean", {a.N}, dt);
-          check(running_var, "running_var", {a.N}, dt);
+          gemmbn::FoldEvalAffineArgs a = fold_arguments(gamma, beta, running_mean, running_var, eps);
           check(gain, "gain", {a.N}, "float32");
           check(shift, "shift", {a.N}, "float32");
-          if (!(eps > 0)) fail("eps must be positive");
-          a.gamma = optional_vector(gamma, "gamma", a.N, dt);
-          a.beta = optional_vector(beta, "beta", a.N, dt);
-          a.running_mean = running_mean.data(), a.running_var = running_var.data();
-          a.eps = eps;
           a.gain = static_cast<float*>(gain.data());
           a.shift = static_cast<float*>(shift.data());
           raise_on_error(gemmbn::fold_eval_affine(a, as_stream(stream)));

@@ -1,6 +1,6 @@
 // gemmbn kernel API: raw device pointers, sizes and a stream in; a Status out. No torch headers.
 //
-// Training forward of BatchNorm1d(Linear(x) * scale), two launches:
+// Training forward of BatchNorm1d(Linear(x) * scale), two launches (train_forward makes both):
 //   gemm_scale_stats  y = (x W^T + b) * s, plus per-(M-tile, column) mean and M2 of y
 //   finish_normalize  merge the partials, update running statistics, out = y * alpha + delta
 // Eval forward: fold_eval_affine (per-column gain/shift) + gemm_scale_stats with that affine.
@@ -147,6 +147,14 @@ struct FinishNormalizeArgs {
   float* save_invstd = nullptr;  // [N] 1/sqrt(var_y + eps)
 };
 Status finish_normalize(const FinishNormalizeArgs& args, cudaStream_t stream);
+// finish_normalize's argument checks alone (what it would refuse), without a launch.
+Status finish_normalize_check(const FinishNormalizeArgs& args);
+
+// The training forward in one call: gemm_scale_stats then finish_normalize on the same stream, both
+// calls' arguments checked before the first launch, so a refused call launches nothing (no running
+// statistic or batches_tracked moves). The two must describe one problem: the finish reads the GEMM's
+// y and partials (same pointers, M, N, dtype and batches_tracked; tile_rows the GEMM row's partial_rows).
+Status train_forward(const GemmScaleStatsArgs& gemm, const FinishNormalizeArgs& finish, cudaStream_t stream);
 
 // Eval-mode affine folded per column: gain = gamma / sqrt(running_var + eps), shift = beta - running_mean * gain.
 struct FoldEvalAffineArgs {
