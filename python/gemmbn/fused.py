@@ -4,8 +4,12 @@ Callers have checked eligibility with plan.fused_plan. Every launch goes on PyTo
 of x's device and nothing here synchronizes with the host, so the paths are CUDA-graph capturable.
 Tensors cross into the extension as DLPack capsules made by torch.utils.dlpack.to_dlpack: 0.4 us each,
 where handing nanobind the tensor makes it call Tensor.__dlpack__ (3.3 us, and it refuses tensors that
-require grad); a forward passes ~19, so this is most of its host time on a small problem. Capsules
-share storage, so in-place updates of the running statistics land in the caller's buffers.
+require grad). Capsules share storage, so in-place updates of the running statistics land in the
+caller's buffers.
+
+Where the GEMM is short, the host's work before the first launch is the forward's latency (the GPU
+waits for it), so the training forward makes one binding call for both launches, with one scratch
+array for the partials, and anything not needed by the launches comes after them.
 """
 
 from __future__ import annotations
@@ -31,12 +35,26 @@ def _dl(t: Tensor | None):
     return None if t is None else to_dlpack(t)
 
 
+# PyTorch's current stream of a device as an integer. The raw query takes ~0.2 us; the public
+# torch.cuda.current_stream builds a Stream object first (~2 us). Inductor's generated code uses the raw one.
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _current_stream(device_index: int) -> int:
+    if _raw_current_stream is not None:
+        return _raw_current_stream(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
 @contextlib.contextmanager
 def _on_device(x: Tensor) -> Iterator[int]:
     """Make x's device current (the binding checks it) and yield its current stream as an integer."""
-    already_current = x.device.index == torch.cuda.current_device()  # the common case: no device switch
-    with contextlib.nullcontext() if already_current else torch.cuda.device(x.device):
-        yield torch.cuda.current_stream(x.device).cuda_stream
+    index = x.device.index
+    if index == torch.cuda.current_device():  # the common case: no device switch
+        yield _current_stream(index)
+        return
+    with torch.cuda.device(index):
+        yield _current_stream(index)
 
 
 def _split_operands(weight: Tensor, rows: int, gemm_kind: str, stream: int) -> dict:
@@ -112,37 +130,28 @@ def train_forward(
     (M, K), N = x.shape, weight.shape[0]
     if momentum is None and num_batches_tracked is None:
         momentum = 0.0  # nn.BatchNorm1d's factor when momentum is None and nothing is tracked
+    split = gemm_kind == precision_mod.SPLIT_FP32
+    tile_rows, workspace_bytes = _plan_for(x, N, K, split, statistics=True)
     y = x.new_empty((M, N))
-    # Separate allocations: unpacking one [2, N] tensor (unbind) costs more host time than a second empty.
+    # Normalize in place unless y itself is kept for the backward pass.
+    out = torch.empty_like(y) if keep_pre_norm else None
+    # Per (row block, column) mean and M2 of y as stored: [0] the means, [1] the M2s.
+    partials = torch.empty((2, -(-M // tile_rows), N), dtype=torch.float32, device=x.device)
     save_mean = torch.empty(N, dtype=torch.float32, device=x.device)
     save_invstd = torch.empty_like(save_mean)
-    split = gemm_kind == precision_mod.SPLIT_FP32
     with _on_device(x) as stream:
-        tile_rows, workspace_bytes = _plan_for(x, N, K, split, statistics=True)
-        # Per (row block, column) mean and M2 of y as stored.
-        partial_means = torch.empty((-(-M // tile_rows), N), dtype=torch.float32, device=x.device)
-        partial_m2s = torch.empty_like(partial_means)
-        # Normalize in place unless y itself is kept for the backward pass.
-        out = torch.empty_like(y) if keep_pre_norm else y
-        # The launch increments num_batches_tracked (when given) on the device.
-        gemm_args = (
-            _dl(x), _dl(weight), _dl(y), _dl(bias), _dl(scale), None, None, _dl(partial_means), _dl(partial_m2s),
-            _dl(num_batches_tracked), stream,
+        extras = {**_split_operands(weight, M, gemm_kind, stream), **_workspace_argument(x, workspace_bytes)}
+        # Both launches; the GEMM increments num_batches_tracked (when given) on the device.
+        _C.train_forward(
+            _dl(x), _dl(weight), _dl(y), _dl(out), _dl(bias), _dl(scale), _dl(gamma), _dl(beta),
+            _dl(running_mean), _dl(running_var), _dl(num_batches_tracked), _dl(partials), momentum, eps,
+            _dl(save_mean), _dl(save_invstd), stream, **extras,
         )  # fmt: skip
-        # A capsule is consumed by the call that takes it, so the finish gets its own; made before the
-        # GEMM's launch so that little host time separates the two launches (it shows at small shapes).
-        finish_args = (
-            _dl(y), _dl(out), _dl(partial_means), _dl(partial_m2s), tile_rows, _dl(gamma), _dl(beta),
-            _dl(running_mean), _dl(running_var), _dl(num_batches_tracked), momentum, eps,
-            _dl(save_mean), _dl(save_invstd), stream,
-        )  # fmt: skip
-        gemm_extras = {**_split_operands(weight, M, gemm_kind, stream), **_workspace_argument(x, workspace_bytes)}
-        _C.gemm_scale_stats(*gemm_args, **gemm_extras)
-        _C.finish_normalize(*finish_args)
     # The kernels wrote through DLPack, which autograd does not see: count the in-place updates.
     increment_version([t for t in (running_mean, running_var, num_batches_tracked) if t is not None])
-    pre_norm = y if keep_pre_norm else y.new_empty(0)
-    return out, pre_norm, save_mean, save_invstd
+    if keep_pre_norm:
+        return out, y, save_mean, save_invstd
+    return y, y.new_empty(0), save_mean, save_invstd
 
 
 def eval_forward(
@@ -160,17 +169,13 @@ def eval_forward(
     """Running-statistics forward: out = ((xW^T + b) s) g + c with g = gamma/sqrt(rv + eps), c = beta - rm g."""
     _C = extension()
     (M, K), N = x.shape, weight.shape[0]
-    gain = torch.empty(N, dtype=torch.float32, device=x.device)
-    shift = torch.empty_like(gain)
+    _, workspace_bytes = _plan_for(x, N, K, gemm_kind == precision_mod.SPLIT_FP32, statistics=False)
     out = x.new_empty((M, N))
+    affine = torch.empty((2, N), dtype=torch.float32, device=x.device)  # the folded gain and shift
     with _on_device(x) as stream:
-        _, workspace_bytes = _plan_for(x, N, K, gemm_kind == precision_mod.SPLIT_FP32, statistics=False)
-        _C.fold_eval_affine(
-            _dl(gamma), _dl(beta), _dl(running_mean), _dl(running_var), eps, _dl(gain), _dl(shift), stream
-        )
-        _C.gemm_scale_stats(
-            _dl(x), _dl(weight), _dl(out), _dl(bias), _dl(scale), _dl(gain), _dl(shift), None, None, None, stream,
-            **_split_operands(weight, M, gemm_kind, stream),
-            **_workspace_argument(x, workspace_bytes),
-        )
+        extras = {**_split_operands(weight, M, gemm_kind, stream), **_workspace_argument(x, workspace_bytes)}
+        _C.eval_forward(
+            _dl(x), _dl(weight), _dl(out), _dl(bias), _dl(scale), _dl(gamma), _dl(beta), _dl(running_mean),
+            _dl(running_var), eps, _dl(affine), stream, **extras,
+        )  # fmt: skip
     return out
