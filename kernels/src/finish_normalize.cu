@@ -29,9 +29,13 @@ constexpr int kThreads = 256;
 constexpr int kLanesPerRow = 32;                       // threads across a row, one 16-byte vector each
 constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // rows a block touches per pass
 constexpr int kUnroll = 8;                             // independent 16-byte loads in flight per thread
-constexpr int kMergeColumns = 16;                      // columns per block in phase 1: 64 bytes of a tile row
-constexpr int kMergeLanes = kThreads / kMergeColumns;  // threads per column, each a strided set of tiles
-constexpr int kMergeBatch = 8;                         // tiles per thread per load round
+// Phase 1 takes a block per group of 16 columns (64 bytes of a tile row), and of fewer where N is small
+// enough for 256 groups at most (a block each on an H100/H200: 3 blocks x 132 SMs resident): 8 columns
+// (a 32-byte sector) up to N = 2048, 4 up to N = 1024. Phase 1 is latency-bound where a column has many
+// tiles (65536x512->512: 1024), so more threads per column means fewer dependent load rounds. The width
+// is chosen by N alone, so the summation order (and the bits) do not depend on the device.
+constexpr int kMergeBatch = 8;  // tiles per thread per load round (16 takes 113 registers: 2 blocks per SM)
+inline int merge_columns_for(int N) { return N <= 1024 ? 4 : N <= 2048 ? 8 : 16; }
 
 template <class T>
 struct FinishParams {
@@ -48,6 +52,7 @@ struct FinishParams {
   bool cumulative;
   double momentum, eps;
   float *save_mean, *save_invstd;
+  int merge_columns;       // columns per phase-1 group: merge_columns_for(N)
   int stripes;             // column stripes of kLanesPerRow vectors
   int64_t rows_per_chunk;  // rows of one normalize work item
   int items;               // stripes x row chunks
@@ -62,45 +67,48 @@ struct FinishParams {
 // rounding. (The previous form, deviations from the final mean, read the partials twice: two
 // dependent DRAM rounds, ~2 us more at 16384x4096.)
 // Running stats: r <- (1-f) r + f stat, f = momentum or 1/batches_tracked; var unbiased.
-// A block takes kMergeColumns columns; its kMergeLanes threads per column each sum a strided set of
-// tiles with kMergeBatch tiles' loads in flight, then one thread per column adds the lanes' sums in a
-// fixed order (the same bits on every run).
-template <class T>
-__device__ void merge_column_statistics(FinishParams<T> const& p) {
-  __shared__ double lane_s1[kMergeLanes][kMergeColumns], lane_s2[kMergeLanes][kMergeColumns];
-  const int column_offset = threadIdx.x % kMergeColumns, tile_lane = threadIdx.x / kMergeColumns;
-  const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
+// A block takes merge_columns columns; its kThreads / merge_columns threads per column each sum a strided
+// set of tiles with kMergeBatch tiles' loads in flight, then one thread per column adds the lanes' sums in
+// a fixed order (the same bits on every run).
+// lane_s1, lane_s2: kThreads doubles of shared memory each, [tile lane][column offset].
+template <int merge_columns, class T>
+__device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s1, double* lane_s2) {
+  constexpr int merge_lanes = kThreads / merge_columns;
+  const int column_offset = threadIdx.x % merge_columns, tile_lane = threadIdx.x / merge_columns;
+  const int groups = (p.N + merge_columns - 1) / merge_columns;
   auto tile_rows = [&](int t) { return static_cast<double>(min(int64_t(p.tile_rows), p.M - int64_t(t) * p.tile_rows)); };
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
-    const int col = group * kMergeColumns + column_offset;
+    const int col = group * merge_columns + column_offset;
     const bool valid = col < p.N;
     const double shift = valid ? p.partial_mean[col] : 0.0;
     double s1 = 0, s2 = 0;
-    for (int t0 = tile_lane; t0 < p.tiles; t0 += kMergeLanes * kMergeBatch) {
+    for (int t0 = tile_lane; t0 < p.tiles; t0 += merge_lanes * kMergeBatch) {
       float mean_t[kMergeBatch], m2_t[kMergeBatch];
 #pragma unroll
       for (int j = 0; j < kMergeBatch; ++j) {
-        const int t = t0 + j * kMergeLanes;
+        const int t = t0 + j * merge_lanes;
         const bool in = valid && t < p.tiles;
         mean_t[j] = in ? p.partial_mean[int64_t(t) * p.N + col] : 0.f;
         m2_t[j] = in ? p.partial_m2[int64_t(t) * p.N + col] : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < kMergeBatch; ++j) {
-        const int t = t0 + j * kMergeLanes;
+        const int t = t0 + j * merge_lanes;
         if (t >= p.tiles) continue;
         const double n_t = tile_rows(t), deviation = mean_t[j] - shift;
         s1 = fma(n_t, deviation, s1);
         s2 += fma(n_t * deviation, deviation, double(m2_t[j]));
       }
     }
-    lane_s1[tile_lane][column_offset] = s1;
-    lane_s2[tile_lane][column_offset] = s2;
+    lane_s1[threadIdx.x] = s1;  // threadIdx.x = tile_lane * merge_columns + column_offset
+    lane_s2[threadIdx.x] = s2;
     __syncthreads();
     if (tile_lane == 0 && valid) {
       double total1 = 0, total2 = 0;  // fixed order
 #pragma unroll
-      for (int lane = 0; lane < kMergeLanes; ++lane) total1 += lane_s1[lane][column_offset], total2 += lane_s2[lane][column_offset];
+      for (int lane = 0; lane < merge_lanes; ++lane) {
+        total1 += lane_s1[lane * merge_columns + column_offset], total2 += lane_s2[lane * merge_columns + column_offset];
+      }
       const double rows = static_cast<double>(p.M);
       const double mean = shift + total1 / rows;
       const double var_y = fmax(total2 - total1 * (total1 / rows), 0.0) / rows;
@@ -170,7 +178,12 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
 // finish_normalize: phase 1 (column statistics), grid barrier, phase 2 (normalize). Cooperative launch.
 template <class T>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
-  merge_column_statistics(p);
+  __shared__ double lane_s1[kThreads], lane_s2[kThreads];
+  switch (p.merge_columns) {
+    case 4: merge_column_statistics<4>(p, lane_s1, lane_s2); break;
+    case 8: merge_column_statistics<8>(p, lane_s1, lane_s2); break;
+    default: merge_column_statistics<16>(p, lane_s1, lane_s2); break;
+  }
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
   normalize_rows(p);
 }
@@ -226,14 +239,15 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
     const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((a.M + step - 1) / step, max_blocks / stripes));
     const int64_t rows_per_chunk = ((a.M + row_chunks - 1) / row_chunks + step - 1) / step * step;
     const int64_t items = stripes * ((a.M + rows_per_chunk - 1) / rows_per_chunk);
-    // Phase 1 takes a block per kMergeColumns columns: at small M the normalize items are few (8 at
-    // 128x512) and each block would otherwise merge several column groups one after another.
-    const int64_t merge_groups = (a.N + kMergeColumns - 1) / kMergeColumns;
+    // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
+    // each block would otherwise merge several column groups one after another.
+    const int merge_columns = merge_columns_for(a.N);
+    const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
     const int blocks = static_cast<int>(std::min<int64_t>(std::max(items, merge_groups), max_blocks));
     FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
                       static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
                       static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
-                      a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, stripes,
+                      a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns, stripes,
                       rows_per_chunk, static_cast<int>(items)};
     void* kernel_args[] = {&p};
     cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&finish_normalize_kernel<T>),
