@@ -49,7 +49,8 @@ def binding_calls(drop_in, x: torch.Tensor, calls: int) -> None:
     name = str(x.dtype).removeprefix("torch.")
     tile_rows, _ = C.gemm_config(name, M, N, K)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    partial_means, partial_m2s = torch.empty(2, -(-M // tile_rows), N, device=x.device)
+    partials = torch.empty(2, -(-M // tile_rows), N, device=x.device)
+    partial_means, partial_m2s = partials
     save_mean, save_invstd = torch.empty(2, N, device=x.device)
     stream = torch.cuda.current_stream().cuda_stream
     workspace = gemm_workspace(x, N, K)  # stream-K rows only, else None
@@ -63,6 +64,10 @@ def binding_calls(drop_in, x: torch.Tensor, calls: int) -> None:
         "finish_normalize": lambda: C.finish_normalize(d(y), d(y), d(partial_means), d(partial_m2s), tile_rows,
                                                        d(gamma), d(beta), None, None, None, 0.1, 1e-5,
                                                        d(save_mean), d(save_invstd), stream),
+        # What the forward calls: both launches, one capsule per array.
+        "train_forward": lambda: C.train_forward(d(x), d(weight), d(y), None, d(bias), d(scale), d(gamma), d(beta),
+                                                 None, None, None, d(partials), 0.1, 1e-5, d(save_mean),
+                                                 d(save_invstd), stream, workspace=workspace),
     }
     print("  gemmbn._C calls alone (capsules made in the call):")
     for label, fn in candidates.items():
