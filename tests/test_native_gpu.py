@@ -290,18 +290,30 @@ def test_deterministic(name):
         assert torch.equal(a, c)
 
 
-@pytest.mark.parametrize("name", list(OPERANDS))
-def test_eval_folded_affine(name):
+def _eval_problem(name, seed, M=333, K=256, N=264):
+    """x, w, b, s (as _problem) and an eval forward's gamma, beta, running mean and running var."""
     dtype = _dtype(name)
-    M, K, N = 333, 256, 264
-    x, w, b, s = _problem(M, K, N, dtype, seed=3)
+    x, w, b, s = _problem(M, K, N, dtype, seed=seed)
     gamma = (torch.rand(N, device="cuda") + 0.5).to(dtype)
     beta = torch.randn(N, device="cuda").to(dtype)
     rm = torch.randn(N, device="cuda").to(dtype)
     rv = (torch.rand(N, device="cuda") + 0.5).to(dtype)
+    return x, w, b, s, gamma, beta, rm, rv
+
+
+def _folded_affine(gamma, beta, rm, rv):
+    """fold_eval_affine's (gain, shift), poisoned before the launch."""
+    N = rm.shape[0]
     gain = torch.full((N,), float("nan"), device="cuda")
     shift = torch.full((N,), float("nan"), device="cuda")
     _C.fold_eval_affine(gamma, beta, rm, rv, 1e-5, gain, shift, _stream())
+    return gain, shift
+
+
+@pytest.mark.parametrize("name", list(OPERANDS))
+def test_eval_folded_affine(name):
+    x, w, b, s, gamma, beta, rm, rv = _eval_problem(name, seed=3)
+    gain, shift = _folded_affine(gamma, beta, rm, rv)
     out, _, _, _ = _gemm(x, w, b, s, name, stats=False, gain=gain, shift=shift)
     y64 = (x.double() @ w.double().T + b.double()) * s.double()
     out64 = (y64 - rm.double()) / torch.sqrt(rv.double() + 1e-5) * gamma.double() + beta.double()
@@ -420,18 +432,11 @@ def test_train_forward_refuses_before_launching():
 def test_eval_forward_is_the_fold_and_the_gemm(name):
     # eval_forward makes fold_eval_affine + gemm_scale_stats in one call: bitwise what the two give
     # (test_eval_folded_affine checks those against float64).
-    dtype = _dtype(name)
-    M, K, N = 333, 256, 264
-    x, w, b, s = _problem(M, K, N, dtype, seed=6)
-    gamma = (torch.rand(N, device="cuda") + 0.5).to(dtype)
-    beta = torch.randn(N, device="cuda").to(dtype)
-    rm = torch.randn(N, device="cuda").to(dtype)
-    rv = (torch.rand(N, device="cuda") + 0.5).to(dtype)
+    x, w, b, s, gamma, beta, rm, rv = _eval_problem(name, seed=6)
+    (M, K), N, dtype = x.shape, w.shape[0], x.dtype
     split = _split_keywords(name, w, M)
     workspace = _workspace(DTYPE_NAMES[dtype], M, N, K, split=bool(split))
-    gain = torch.full((N,), float("nan"), device="cuda")
-    shift = torch.full((N,), float("nan"), device="cuda")
-    _C.fold_eval_affine(gamma, beta, rm, rv, 1e-5, gain, shift, _stream())
+    gain, shift = _folded_affine(gamma, beta, rm, rv)
     expected, _, _, _ = _gemm(x, w, b, s, name, stats=False, gain=gain, shift=shift)
     out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
     affine = torch.full((2, N), float("nan"), device="cuda")
