@@ -1,0 +1,137 @@
+"""The Python host path of gemmbn's forward, timed on the CPU with gemmbn._C replaced by no-ops.
+
+    python perf/host_path.py [--size M K N] [--dtype float32|bfloat16] [--calls 20000] [--profile]
+
+No GPU is needed: the tensors are CPU tensors, the device checks are patched to accept them and every
+extension call returns at once, so what is timed is the Python the forward runs before (and after)
+its one binding call: the module's lookups, validation, the layout plan, allocations and DLPack
+capsules. At small shapes that host time is the forward's latency on the GPU (the device waits for
+the launch), so a change here can be measured without a device; on the H200's host the same path
+takes ~3x as long (perf/host_overhead.py measures it there against eager and torch.compile).
+
+Not measured: the binding call itself (its argument checks and the two launches), the CUDA caching
+allocator (CPU tensors use the CPU allocator: the allocation rows are only indicative) and the
+current-stream query. Each timed forward must reach the stubbed train_forward/eval_forward exactly
+once, or the script stops: a fallback to the reference would time the wrong path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import cProfile
+import pstats
+import time
+import types
+from collections.abc import Callable
+
+import torch
+from gemmbn import GemmScaleBatchNorm, functional, fused, ops, plan
+from torch.utils.dlpack import to_dlpack
+
+
+class StubExtension(types.SimpleNamespace):
+    """gemmbn._C's functions the forward calls, as no-ops that count their calls."""
+
+    def __init__(self, tile_rows: int) -> None:
+        super().__init__(calls={"train_forward": 0, "eval_forward": 0})
+        self.tile_rows = tile_rows
+
+    def train_forward(self, *args, **kwargs) -> None:
+        self.calls["train_forward"] += 1
+
+    def eval_forward(self, *args, **kwargs) -> None:
+        self.calls["eval_forward"] += 1
+
+    def gemm_config(self, *args, **kwargs) -> tuple[int, int]:
+        return self.tile_rows, 0
+
+    def gemm_workspace_bytes(self, *args, **kwargs) -> int:
+        return 0
+
+
+@contextlib.contextmanager
+def _stream_zero(x: torch.Tensor):
+    yield 0
+
+
+def install_stub(tile_rows: int) -> StubExtension:
+    """Route the fused path to a StubExtension with CPU tensors (this process only)."""
+    stub = StubExtension(tile_rows)
+    fused.extension = lambda: stub
+    fused._on_device = _stream_zero
+    fused._gemm_plan.cache_clear()
+    plan.fused_unavailable_reason = lambda x: None
+    return stub
+
+
+def per_call_us(fn: Callable[[], object], calls: int) -> tuple[float, int]:
+    """(median over 5 rounds of the wall time per call, in us; calls made, warm-up included)."""
+    warmup, per_round = max(calls // 100, 10), max(calls // 5, 1)
+    for _ in range(warmup):
+        fn()
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(per_round):
+            fn()
+        rounds.append((time.perf_counter() - start) / per_round * 1e6)
+    return sorted(rounds)[2], warmup + 5 * per_round
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", nargs=3, type=int, default=(128, 1024, 512), metavar=("M", "K", "N"))
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--profile", action="store_true", help="add cProfile's table of the training forward")
+    args = parser.parse_args()
+    M, K, N = args.size
+    dtype = getattr(torch, args.dtype)
+    torch.set_float32_matmul_precision("high")  # TF32 for float32: the split GEMM's weight cache needs CUDA
+    stub = install_stub(tile_rows=64)
+    torch.manual_seed(0)
+    module = GemmScaleBatchNorm(K, N, (N,), dtype=dtype)
+    evaluating = copy.deepcopy(module).eval()  # its own module: switching modes costs ~5 us a call
+    x = torch.randn(M, K, dtype=dtype)
+    gemm, bn = module.gemm, module.bn
+    weight, bias, scale = gemm.weight.detach(), gemm.bias.detach(), module.scale.detach()
+    gamma, beta, rm, rv, nbt = bn.weight.detach(), bn.bias.detach(), bn.running_mean, bn.running_var, bn.num_batches_tracked
+    vectors = (weight, bias, scale, gamma, beta, rm, rv, nbt)
+    rows = {
+        "module forward, train": ("train_forward", lambda: module(x)),
+        "module forward, eval": ("eval_forward", lambda: evaluating(x)),
+        "functional, train": ("train_forward", lambda: functional.linear_scale_batch_norm(
+            x, weight, bias, scale, gamma, beta, rm, rv, nbt, True, 0.1, 1e-5)),
+        "ops._train_impl": ("train_forward", lambda: ops._train_impl(
+            x, weight, bias, scale, gamma, beta, rm, rv, nbt, 0.1, 1e-5, "default", False)),
+        "fused.train_forward": ("train_forward", lambda: fused.train_forward(
+            x, weight, bias, scale, gamma, beta, rm, rv, nbt, 0.1, 1e-5, "tf32", False)),
+        "  functional._validate": (None, lambda: functional._validate(
+            x, weight, bias, scale, gamma, beta, rm, rv, nbt, True, 1e-5)),
+        "  ops._prepare": (None, lambda: ops._prepare(x, weight, bias, scale, gamma, beta, rm, rv, 1e-5, nbt)),
+        "  16 DLPack capsules": (None, lambda: [to_dlpack(t) for t in (x, *vectors, x, *vectors[:-1])]),
+    }
+    print(f"{M}x{K}->{N} {args.dtype}, gemmbn._C stubbed, CPU tensors, torch {torch.__version__}, "
+          f"median of 5 rounds of {args.calls // 5} calls")
+    with torch.no_grad():
+        for label, (entry, fn) in rows.items():
+            before = dict(stub.calls)
+            us, made = per_call_us(fn, args.calls)
+            if entry is not None:  # every call must have reached this one stubbed entry point, once
+                reached = {name: stub.calls[name] - before[name] for name in stub.calls}
+                if reached != {name: made if name == entry else 0 for name in stub.calls}:
+                    raise SystemExit(f"{label}: {made} calls reached the stub as {reached} (the fallback ran?)")
+            print(f"  {label:26s} {us:7.2f} us/call")
+        if args.profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(args.calls):
+                module(x)
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+
+
+if __name__ == "__main__":
+    main()
