@@ -199,6 +199,22 @@ cudaError_t resident_blocks(int device, int sm_count, int& blocks) {
   });
 }
 
+// The normalize's work items: column stripes of kLanesPerRow vectors x row chunks, the chunks sized so
+// that the items fill the resident blocks once (more items than blocks when the stripes alone outnumber
+// them: blocks then loop over items).
+struct WorkItems {
+  int stripes;
+  int64_t rows_per_chunk;
+  int64_t items;
+};
+WorkItems work_items(int64_t M, int N, int cols_per_stripe, int max_blocks) {
+  const int stripes = static_cast<int>((N + cols_per_stripe - 1) / cols_per_stripe);
+  const int64_t step = kRowsPerPass * kUnroll;
+  const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((M + step - 1) / step, max_blocks / stripes));
+  const int64_t rows_per_chunk = ((M + row_chunks - 1) / row_chunks + step - 1) / step * step;
+  return {stripes, rows_per_chunk, stripes * ((M + rows_per_chunk - 1) / rows_per_chunk)};
+}
+
 }  // namespace
 
 Status finish_normalize_check(const FinishNormalizeArgs& a) {
@@ -232,23 +248,17 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
       return Status::from_cuda(e, "querying finish_normalize's occupancy");
     }
     if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
-    const int stripes = static_cast<int>((a.N + kCols - 1) / kCols);
-    // Row chunks so that the work items fill the resident blocks once (more items than blocks when the
-    // stripes alone outnumber them: blocks then loop over items).
-    const int64_t step = kRowsPerPass * kUnroll;
-    const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((a.M + step - 1) / step, max_blocks / stripes));
-    const int64_t rows_per_chunk = ((a.M + row_chunks - 1) / row_chunks + step - 1) / step * step;
-    const int64_t items = stripes * ((a.M + rows_per_chunk - 1) / rows_per_chunk);
+    const WorkItems work = work_items(a.M, a.N, kCols, max_blocks);
     // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
     // each block would otherwise merge several column groups one after another.
     const int merge_columns = merge_columns_for(a.N);
     const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
-    const int blocks = static_cast<int>(std::min<int64_t>(std::max(items, merge_groups), max_blocks));
+    const int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
     FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
                       static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
                       static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
-                      a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns, stripes,
-                      rows_per_chunk, static_cast<int>(items)};
+                      a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns,
+                      work.stripes, work.rows_per_chunk, static_cast<int>(work.items)};
     void* kernel_args[] = {&p};
     cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&finish_normalize_kernel<T>),
                                                 dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
