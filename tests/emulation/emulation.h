@@ -1,0 +1,74 @@
+// Runs a CUDA kernel's device code on the CPU as one thread block: the block's threads are std::threads,
+// __syncthreads is a std::barrier and a cooperative grid's sync is the block's (a grid of one block).
+// For kernels without warp intrinsics or atomics whose loops are uniform across the block (every thread
+// reaches every barrier): tests/test_finish_emulated.py runs finish_normalize's and fold_eval_affine's this
+// way, so CI, which has no GPU, still executes their indexing and arithmetic. Kernels without barriers may
+// run several blocks one after another (run_block's block argument). CUDA's headers supply the vector and 16-bit
+// types (their host paths); this file then turns the CUDA qualifiers into plain C++.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __shared__
+#undef __align__
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static  // one block runs at a time, so a static is that block's shared memory
+#define __align__(n) __attribute__((aligned(n)))
+
+namespace emulation {
+struct Index { unsigned x = 0, y = 0, z = 0; };
+inline thread_local Index thread_index;
+inline Index block_index{}, grid_size{1, 1, 1}, block_size{1, 1, 1};
+inline std::barrier<>* block_barrier = nullptr;
+inline void sync_block() { block_barrier->arrive_and_wait(); }
+
+// Runs body() in `threads` threads of block `block` (default 0; blocks run one at a time), and waits for them.
+template <class Body>
+void run_block(int threads, Body body, unsigned block = 0) {
+  block_index.x = block;
+  block_size.x = static_cast<unsigned>(threads);
+  std::barrier<> barrier(threads);
+  block_barrier = &barrier;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&body, t] {
+      thread_index.x = static_cast<unsigned>(t);
+      body();
+    });
+  }
+  for (auto& thread : pool) thread.join();
+}
+}  // namespace emulation
+
+#define threadIdx emulation::thread_index
+#define blockIdx emulation::block_index
+#define gridDim emulation::grid_size
+#define blockDim emulation::block_size
+#define __syncthreads emulation::sync_block
+
+namespace cooperative_groups {
+struct grid_group {
+  void sync() const { emulation::sync_block(); }  // the grid is one block
+};
+inline grid_group this_grid() { return {}; }
+}  // namespace cooperative_groups
+
+using std::max;
+using std::min;
+inline float __fdividef(float a, float b) { return a / b; }
