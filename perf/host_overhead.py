@@ -40,6 +40,16 @@ def per_call_us(fn, calls: int) -> tuple[float, float]:
     return host, start_event.elapsed_time(end_event) / calls * 1e3
 
 
+def print_profile(fn, calls: int, rows: int) -> None:
+    """cProfile's table (by own time, `rows` lines) of `calls` calls of fn."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(rows)
+
+
 def binding_calls(drop_in, x: torch.Tensor, calls: int) -> None:
     """Host us per call of each gemmbn._C function the training forward calls, capsules included."""
     C = _native.extension()
@@ -93,13 +103,8 @@ def main() -> None:
             host, device = per_call_us(fn, args.calls)
             print(f"  {name:8s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
         if args.profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
-            for _ in range(args.calls):
-                drop_in(x)
-            profiler.disable()
+            print_profile(lambda: drop_in(x), args.calls, rows=15)
             torch.cuda.synchronize()
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
             binding_calls(drop_in, x, args.calls)
 
 

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import cProfile
-import pstats
 import time
 import types
 from collections.abc import Callable
 
 import torch
 from gemmbn import GemmScaleBatchNorm, functional, fused, ops, plan
+from host_overhead import print_profile
 from torch.utils.dlpack import to_dlpack
 
 
@@ -125,12 +124,7 @@ def main() -> None:
                     raise SystemExit(f"{label}: {made} calls reached the stub as {reached} (the fallback ran?)")
             print(f"  {label:26s} {us:7.2f} us/call")
         if args.profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
-            for _ in range(args.calls):
-                module(x)
-            profiler.disable()
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
+            print_profile(lambda: module(x), args.calls, rows=20)
 
 
 if __name__ == "__main__":
