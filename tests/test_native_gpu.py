@@ -81,14 +81,9 @@ def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swiz
     y = torch.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
     pm = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
     pm2 = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
-    operands = {}
-    if split:
-        weight_split, weight_unscale = _split_operands(w)
-        x_scale = torch.full((_C.row_scale_count(M),), float("nan"), device="cuda")
-        operands = {"weight_split": weight_split, "weight_unscale": weight_unscale, "x_scale": x_scale}
     workspace = _workspace(DTYPE_NAMES[x.dtype], M, N, K, config, split, splits)
     _C.gemm_scale_stats(x, w, y, b, s, gain, shift, pm, pm2, counter, _stream(), config=config, raster=raster,
-                        swizzle=swizzle, splits=splits, workspace=workspace, **operands)
+                        swizzle=swizzle, splits=splits, workspace=workspace, **_split_keywords(name, w, M))
     return y, pm, pm2, tile_m
 
 
@@ -356,6 +351,7 @@ def _train_case(name, M=1000, K=512, N=264, seed=5):
 
 
 def _split_keywords(name, w, M):
+    """gemm_scale_stats's split-GEMM keywords for `name` ({} but for "split"), x_scale poisoned."""
     if not OPERANDS[name][1]:
         return {}
     weight_split, weight_unscale = _split_operands(w)
