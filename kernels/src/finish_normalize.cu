@@ -19,15 +19,13 @@
 #include "gemmbn/api.h"
 #include "gemmbn/device_info.h"
 #include "gemmbn/elementwise.cuh"
+#include "gemmbn/work_items.h"
 
 namespace gemmbn {
 namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 256;
-constexpr int kLanesPerRow = 32;                       // threads across a row, one 16-byte vector each
-constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // rows a block touches per pass
 constexpr int kUnroll = 8;                             // independent 16-byte loads in flight per thread
 // Phase 1 takes a block per group of 16 columns (64 bytes of a tile row), and of fewer where N is small
 // enough for 256 groups at most (a block each on an H100/H200: 3 blocks x 132 SMs resident): 8 columns
@@ -188,33 +186,6 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
   normalize_rows(p);
 }
 
-// Blocks of the kernel that fit on the device at once (a cooperative launch may not exceed it).
-template <class T>
-cudaError_t resident_blocks(int device, int sm_count, int& blocks) {
-  return cached_per_device(device, blocks, [sm_count](int& resident) {
-    int per_sm = 0;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, finish_normalize_kernel<T>, kThreads, 0);
-    resident = per_sm * sm_count;
-    return e;
-  });
-}
-
-// The normalize's work items: column stripes of kLanesPerRow vectors x row chunks, the chunks sized so
-// that the items fill the resident blocks once (more items than blocks when the stripes alone outnumber
-// them: blocks then loop over items).
-struct WorkItems {
-  int stripes;
-  int64_t rows_per_chunk;
-  int64_t items;
-};
-WorkItems work_items(int64_t M, int N, int cols_per_stripe, int max_blocks) {
-  const int stripes = static_cast<int>((N + cols_per_stripe - 1) / cols_per_stripe);
-  const int64_t step = kRowsPerPass * kUnroll;
-  const int64_t row_chunks = std::max<int64_t>(1, std::min<int64_t>((M + step - 1) / step, max_blocks / stripes));
-  const int64_t rows_per_chunk = ((M + row_chunks - 1) / row_chunks + step - 1) / step * step;
-  return {stripes, rows_per_chunk, stripes * ((M + rows_per_chunk - 1) / rows_per_chunk)};
-}
-
 }  // namespace
 
 Status finish_normalize_check(const FinishNormalizeArgs& a) {
@@ -236,19 +207,15 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
 
 Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_normalize_check(a); !s) return s;
-  int device = 0, sm_count = 0;
-  if (cudaError_t e = current_device_info(device, sm_count); e != cudaSuccess) {
-    return Status::from_cuda(e, "querying the current device");
-  }
   return with_element_type(a.dtype, [&](auto element) -> Status {
     using T = decltype(element);
     constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
     int max_blocks = 0;
-    if (cudaError_t e = resident_blocks<T>(device, sm_count, max_blocks); e != cudaSuccess) {
+    if (cudaError_t e = resident_blocks<&finish_normalize_kernel<T>>(kThreads, max_blocks); e != cudaSuccess) {
       return Status::from_cuda(e, "querying finish_normalize's occupancy");
     }
     if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
-    const WorkItems work = work_items(a.M, a.N, kCols, max_blocks);
+    const WorkItems work = work_items(a.M, a.N, kCols, max_blocks, kRowsPerPass * kUnroll);
     // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
     // each block would otherwise merge several column groups one after another.
     const int merge_columns = merge_columns_for(a.N);

@@ -9,17 +9,12 @@
 #include <cstdio>
 #include <random>
 
-namespace gemmbn {
-// The kernel file's host launch code calls this (gemm_dispatch.cpp has the real one); nothing here launches.
-cudaError_t current_device_info(int&, int&) { return cudaErrorNoDevice; }
-}  // namespace gemmbn
+#include "driver.h"
 
 namespace {
 
 using namespace gemmbn;
-
-constexpr double kFp32 = 1.0 / (1 << 24);  // fp32's unit roundoff
-template <class T> constexpr double unit_roundoff() { return sizeof(T) == 4 ? 0.0 : std::is_same_v<T, __half> ? 1.0 / (1 << 11) : 1.0 / (1 << 8); }
+using emulation::kFp32, emulation::unit_roundoff;
 
 struct Case {
   const char* name;
@@ -54,7 +49,7 @@ Worst run_case(const Case& c) {
   auto value = [&](int64_t m, int n) { return double(to_float(y[m * N + n])); };  // y as stored
 
   // The partials as the GEMM's epilogue defines them: mean and M2 of y as stored per tile, rounded to fp32.
-  const WorkItems work = work_items(M, N, kLanesPerRow * Vector16<T>::kSize, c.resident_blocks);
+  const WorkItems work = work_items(M, N, kLanesPerRow * Vector16<T>::kSize, c.resident_blocks, kRowsPerPass * kUnroll);
   const int tile_rows = c.tile_rows;
   const int tiles = int((M + tile_rows - 1) / tile_rows);
   std::vector<float> partial_mean(int64_t(tiles) * N), partial_m2(int64_t(tiles) * N);

@@ -32,3 +32,21 @@ cudaError_t cached_per_device(int device, int& value, Compute compute) {
 }
 
 }  // namespace gemmbn
+
+namespace gemmbn {
+
+// Blocks of `kernel` (threads per block, no dynamic shared memory) resident on the current device at
+// once: the most a cooperative launch of it may have. Cached per kernel and device.
+template <auto kernel>
+cudaError_t resident_blocks(int threads, int& blocks) {
+  int device = 0, sm_count = 0;
+  if (cudaError_t e = current_device_info(device, sm_count); e != cudaSuccess) return e;
+  return cached_per_device(device, blocks, [threads, sm_count](int& resident) {
+    int per_sm = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+    resident = per_sm * sm_count;
+    return e;
+  });
+}
+
+}  // namespace gemmbn
