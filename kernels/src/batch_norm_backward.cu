@@ -1,0 +1,361 @@
+// Backward of the normalization: the column sums over M, their merge, then dL/dy (api.h has the math).
+//
+// One cooperative launch in four phases separated by grid-wide barriers:
+//   1. sums: every block streams its work items (column stripe x row chunk, finish_normalize's
+//      decomposition) and writes, per item and column, the sums of dout, dout d and d (d = y - mean);
+//   2. merge: each column's partials are merged once, in fp64 in a fixed order, into dbeta, dgamma,
+//      sum_grad_y and grad_y's three per-column coefficients;
+//   3. grad_y: every block streams its phase-1 items again, last rows first, so that the first rows it
+//      reads are the ones phase 1 read last and may still be in L2; it also sums grad_y d per column;
+//   4. those sums merged: sum_m grad_y y, the scale's gradient times s (python/gemmbn/backward.py).
+// dout and y are read twice (no grad_y is known before every row has been summed), grad_y written once.
+// Sums: fp32 over a thread's kUnroll rows of a pass, fp64 over its passes, the block's threads of a column
+// in fp64 (stored as an fp32 partial per item), the items in fp64 in a fixed order.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+
+#include "gemmbn/api.h"
+#include "gemmbn/device_info.h"
+#include "gemmbn/elementwise.cuh"
+#include "gemmbn/work_items.h"
+
+namespace gemmbn {
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kUnroll = 4;                             // rows per thread per pass: 8 16-byte loads in flight
+constexpr int kSums = 3;                               // phase 1: sum dout, sum dout d, sum d
+constexpr int kCoefficients = 3;                       // grad_y = c_dout dout - (c_d d + c_0)
+constexpr int kMergeColumns = 16;                      // phase 2: a block per 16 columns,
+constexpr int kMergeLanes = kThreads / kMergeColumns;  // 16 threads per column
+
+template <class T>
+struct BackwardParams {
+  const T* dout;
+  const T* y;   // null: fixed statistics without dgamma
+  T* grad_y;    // null: the sums only
+  int64_t M;
+  int N;
+  const float* mean;
+  const float* invstd;
+  const T* gamma;
+  bool batch_statistics;
+  float* partials;         // [kSums][chunks][N]; phase 3 reuses [0]
+  float* coefficients;     // [kCoefficients][N]
+  double* sum_grad_y_fp64;  // [N]
+  float *dgamma, *dbeta, *sum_grad_y, *sum_grad_y_y;
+  int stripes;
+  int64_t rows_per_chunk;
+  int items, chunks;  // items = stripes x chunks
+};
+
+// dout (and y when with_y) of a thread's kUnroll rows of a pass from row r on, rows from row_end on left out:
+// all the pass's 16-byte loads are issued before any is used.
+template <class T>
+__device__ __forceinline__ void load_pass(BackwardParams<T> const& p, int64_t r, int64_t row_end, int vector_col,
+                                          bool with_y, Vector16<T> (&g)[kUnroll], Vector16<T> (&v)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t row = r + u * kRowsPerPass;
+    if (row >= row_end) continue;
+    g[u].load(p.dout + row * p.N + vector_col);
+    if (with_y) v[u].load(p.y + row * p.N + vector_col);
+  }
+}
+
+// A work item's per-thread sums (the thread's column vector, over its rows) added over the block's
+// kRowsPerPass threads of each column in a fixed order (fp64), stored as fp32 partials [slot + s][chunk][col].
+template <int S, class T>
+__device__ void store_item_sums(BackwardParams<T> const& p, int slot, int stripe, int chunk,
+                                const double (&sums)[S][Vector16<T>::kSize]) {
+  constexpr int V = Vector16<T>::kSize, kCols = kLanesPerRow * V;
+  static_assert(kCols <= kThreads, "a thread per stripe column");
+  __shared__ float thread_sums[S][kRowsPerPass][kCols];
+  const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) thread_sums[s][row_in_pass][lane * V + i] = static_cast<float>(sums[s][i]);
+  }
+  __syncthreads();
+  const int col = stripe * kCols + static_cast<int>(threadIdx.x);
+  if (static_cast<int>(threadIdx.x) < kCols && col < p.N) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      double total = 0;
+#pragma unroll
+      for (int r = 0; r < kRowsPerPass; ++r) total += thread_sums[s][r][threadIdx.x];
+      p.partials[(int64_t(slot + s) * p.chunks + chunk) * p.N + col] = static_cast<float>(total);
+    }
+  }
+  __syncthreads();  // thread_sums is reused by the next item
+}
+
+// Phase 1, per work item: sums over the item's rows of dout, dout d and d per column (see the top).
+template <class T>
+__device__ void column_sums(BackwardParams<T> const& p) {
+  using Vec = Vector16<T>;
+  constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;
+  const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
+  const bool with_y = p.y != nullptr;
+  for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+    const int stripe = item % p.stripes, chunk = item / p.stripes;
+    const int vector_col = stripe * kCols + lane * V;
+    double sums[kSums][V] = {};
+    if (vector_col < p.N) {
+      float mean[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) mean[i] = with_y ? p.mean[vector_col + i] : 0.f;
+      const int64_t row_begin = chunk * p.rows_per_chunk, row_end = min(p.M, row_begin + p.rows_per_chunk);
+      for (int64_t r = row_begin + row_in_pass; r < row_end; r += kRowsPerPass * kUnroll) {
+        Vec g[kUnroll], v[kUnroll];
+        load_pass(p, r, row_end, vector_col, with_y, g, v);
+        float pass[kSums][V] = {};
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (r + u * kRowsPerPass >= row_end) continue;
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const float dout = g[u].get(i), d = with_y ? v[u].get(i) - mean[i] : 0.f;
+            pass[0][i] += dout;
+            pass[1][i] = fmaf(dout, d, pass[1][i]);
+            pass[2][i] += d;
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < kSums; ++s) {
+#pragma unroll
+          for (int i = 0; i < V; ++i) sums[s][i] += pass[s][i];
+        }
+      }
+    }
+    store_item_sums<kSums>(p, 0, stripe, chunk, sums);
+  }
+}
+
+// The fp64 totals over the chunks of partials [slot .. slot + S) of column col: each of the column's
+// kMergeLanes threads sums a strided set of chunks, then one thread adds the lanes in a fixed order. True
+// on that thread (merge lane 0, col < N). Called by every thread of the block.
+template <int S, class T>
+__device__ bool merged_totals(BackwardParams<T> const& p, int slot, int col, double (&total)[S]) {
+  __shared__ double lane_sums[S][kThreads];
+  const int column_offset = threadIdx.x % kMergeColumns, merge_lane = threadIdx.x / kMergeColumns;
+  double sums[S] = {};
+  if (col < p.N) {
+#pragma unroll 4
+    for (int chunk = merge_lane; chunk < p.chunks; chunk += kMergeLanes) {
+#pragma unroll
+      for (int s = 0; s < S; ++s) sums[s] += p.partials[(int64_t(slot + s) * p.chunks + chunk) * p.N + col];
+    }
+  }
+  __syncthreads();  // the previous group's reads of lane_sums are done
+#pragma unroll
+  for (int s = 0; s < S; ++s) lane_sums[s][threadIdx.x] = sums[s];
+  __syncthreads();
+  if (merge_lane != 0 || col >= p.N) return false;
+#pragma unroll
+  for (int s = 0; s < S; ++s) total[s] = 0;
+  for (int lane = 0; lane < kMergeLanes; ++lane) {  // fixed order
+#pragma unroll
+    for (int s = 0; s < S; ++s) total[s] += lane_sums[s][lane * kMergeColumns + column_offset];
+  }
+  return true;
+}
+
+// Phase 2, per column, from the chunks' sums S0 (dout), S1 (dout d), S2 (d):
+//   dbeta = S0,  dgamma = invstd S1,  c_dout = a = gamma invstd
+//   batch statistics: c_d = a invstd dgamma / M,  c_0 = a dbeta / M,  sum_grad_y = -c_d S2
+//   fixed statistics: c_d = c_0 = 0,                                  sum_grad_y = a dbeta
+template <class T>
+__device__ void merge_columns(BackwardParams<T> const& p) {
+  const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
+  for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
+    const int col = group * kMergeColumns + static_cast<int>(threadIdx.x) % kMergeColumns;
+    double total[kSums];
+    if (!merged_totals<kSums>(p, 0, col, total)) continue;
+    const double rows = static_cast<double>(p.M), invstd = p.invstd[col];
+    const double dbeta = total[0], dgamma = invstd * total[1], a = load_or(p.gamma, col, 1.0) * invstd;
+    double c_d = 0, c_0 = 0, sum_grad_y = a * dbeta;
+    if (p.batch_statistics) {
+      c_d = a * invstd * dgamma / rows;
+      c_0 = a * dbeta / rows;
+      sum_grad_y = -c_d * total[2];
+    }
+    p.dbeta[col] = static_cast<float>(dbeta);
+    p.dgamma[col] = static_cast<float>(dgamma);
+    p.sum_grad_y[col] = static_cast<float>(sum_grad_y);
+    p.sum_grad_y_fp64[col] = sum_grad_y;
+    p.coefficients[col] = static_cast<float>(a);
+    p.coefficients[p.N + col] = static_cast<float>(c_d);
+    p.coefficients[2 * p.N + col] = static_cast<float>(c_0);
+  }
+}
+
+// Phase 3, per work item (phase 1's, in reverse: last items and last rows first):
+//   grad_y = c_dout dout - (c_d d + c_0)   in fp32, rounded once to T (eager's order: the centred terms first)
+// and, where y is given, the item's sums of grad_y d (fp32 grad_y, before its rounding) into partials [0].
+template <class T>
+__device__ void write_grad_y(BackwardParams<T> const& p) {
+  using Vec = Vector16<T>;
+  constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  __shared__ float stripe_terms[kCoefficients + 1][kCols];  // c_dout, c_d, c_0, mean
+  const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
+  const bool with_y = p.y != nullptr;
+  const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+  const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
+  for (int item = last_item; item >= 0; item -= blocks) {  // uniform across the block
+    const int stripe = item % p.stripes, chunk = item / p.stripes;
+    const int col0 = stripe * kCols;
+    __syncthreads();  // the previous item's reads of stripe_terms are done
+    if (static_cast<int>(threadIdx.x) < kCols) {
+      const int col = col0 + static_cast<int>(threadIdx.x);
+      const bool valid = col < p.N;
+#pragma unroll
+      for (int k = 0; k < kCoefficients; ++k) stripe_terms[k][threadIdx.x] = valid ? p.coefficients[k * p.N + col] : 0.f;
+      stripe_terms[kCoefficients][threadIdx.x] = valid && with_y ? p.mean[col] : 0.f;
+    }
+    __syncthreads();
+
+    const int vector_col = col0 + lane * V;
+    double sums[1][V] = {};
+    if (vector_col < p.N) {
+      float c_dout[V], c_d[V], c_0[V], mean[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const int c = lane * V + i;
+        c_dout[i] = stripe_terms[0][c], c_d[i] = stripe_terms[1][c], c_0[i] = stripe_terms[2][c];
+        mean[i] = stripe_terms[kCoefficients][c];
+      }
+      const int64_t row_begin = chunk * p.rows_per_chunk, row_end = min(p.M, row_begin + p.rows_per_chunk);
+      for (int64_t pass = (row_end - row_begin + kPassRows - 1) / kPassRows - 1; pass >= 0; --pass) {
+        const int64_t r = row_begin + pass * kPassRows + row_in_pass;
+        Vec g[kUnroll], v[kUnroll];
+        load_pass(p, r, row_end, vector_col, with_y, g, v);
+        float pass_sums[V] = {};
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t row = r + u * kRowsPerPass;
+          if (row >= row_end) continue;
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const float d = with_y ? v[u].get(i) - mean[i] : 0.f;
+            const float grad = fmaf(c_dout[i], g[u].get(i), -fmaf(c_d[i], d, c_0[i]));
+            pass_sums[i] = fmaf(grad, d, pass_sums[i]);
+            g[u].set(i, grad);
+          }
+          g[u].store(p.grad_y + row * p.N + vector_col);
+        }
+#pragma unroll
+        for (int i = 0; i < V; ++i) sums[0][i] += pass_sums[i];
+      }
+    }
+    if (with_y) store_item_sums<1>(p, 0, stripe, chunk, sums);
+  }
+}
+
+// Phase 4, per column: sum_grad_y_y = sum_m grad_y y = (sum grad_y d) + mean sum_grad_y, in fp64.
+template <class T>
+__device__ void merge_grad_y_y(BackwardParams<T> const& p) {
+  const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
+  for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
+    const int col = group * kMergeColumns + static_cast<int>(threadIdx.x) % kMergeColumns;
+    double total[1];
+    if (!merged_totals<1>(p, 0, col, total)) continue;
+    p.sum_grad_y_y[col] = static_cast<float>(total[0] + double(p.mean[col]) * p.sum_grad_y_fp64[col]);
+  }
+}
+
+// batch_norm_backward: the four phases, a grid barrier after each but the last (the same for every block).
+template <class T>
+__global__ void __launch_bounds__(kThreads, 2) batch_norm_backward_kernel(BackwardParams<T> p) {
+  column_sums(p);
+  cg::this_grid().sync();  // orders phase 1's partials before phase 2's reads
+  merge_columns(p);
+  if (p.grad_y == nullptr) return;
+  cg::this_grid().sync();  // orders phase 2's coefficients before phase 3's reads (and phase 2's reads of
+                           // the partials before phase 3 writes over them)
+  write_grad_y(p);
+  if (p.y == nullptr) return;
+  cg::this_grid().sync();  // orders phase 3's partials before phase 4's reads
+  merge_grad_y_y(p);
+}
+
+// The launch's shape and workspace: finish_normalize's work items over the resident blocks.
+struct Plan {
+  WorkItems work;
+  int blocks;
+  int chunks;
+  size_t workspace_bytes;  // fp32 partials [kSums][chunks][N] and coefficients [kCoefficients][N], fp64 [N]
+};
+
+template <class T>
+Status plan_for(const BatchNormBackwardArgs& a, Plan& plan) {
+  constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
+  int max_blocks = 0;
+  if (cudaError_t e = resident_blocks<&batch_norm_backward_kernel<T>>(kThreads, max_blocks); e != cudaSuccess) {
+    return Status::from_cuda(e, "querying batch_norm_backward's occupancy");
+  }
+  if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "batch_norm_backward does not fit");
+  plan.work = work_items(a.M, a.N, kCols, max_blocks, kRowsPerPass * kUnroll);
+  plan.chunks = static_cast<int>(plan.work.items / plan.work.stripes);
+  const int64_t merge_groups = (a.N + kMergeColumns - 1) / kMergeColumns;
+  plan.blocks = static_cast<int>(std::min<int64_t>(std::max(plan.work.items, merge_groups), max_blocks));
+  // N is a multiple of 4, so the fp64 array after the fp32 ones starts 16-byte aligned.
+  plan.workspace_bytes = sizeof(float) * size_t(a.N) * (size_t(kSums) * plan.chunks + kCoefficients) + sizeof(double) * a.N;
+  return Status::success();
+}
+
+Status check(const BatchNormBackwardArgs& a) {
+  if (a.M < 1 || a.N < 1) return Status::invalid("M and N must be positive");
+  if (a.batch_statistics && a.M < 2) return Status::invalid("batch statistics need M >= 2 rows");
+  if (a.N % (16 / dtype_size(a.dtype)) != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype");
+  if (!a.dout || !a.mean || !a.invstd || !a.dgamma || !a.dbeta || !a.sum_grad_y || !a.sum_grad_y_y) {
+    return Status::invalid("dout, mean, invstd, dgamma, dbeta, sum_grad_y and sum_grad_y_y are required");
+  }
+  if (a.batch_statistics && !a.y) return Status::invalid("batch statistics need y (the saved pre-normalization tensor)");
+  for (const void* p : {a.dout, a.y, static_cast<const void*>(a.grad_y), static_cast<const void*>(a.workspace)}) {
+    if (p && !is_aligned16(p)) return Status::invalid("dout, y, grad_y and workspace must be 16-byte aligned");
+  }
+  return Status::success();
+}
+
+}  // namespace
+
+Status batch_norm_backward_workspace_bytes(const BatchNormBackwardArgs& a, size_t& bytes) {
+  bytes = 0;
+  if (a.M < 1 || a.N < 1) return Status::invalid("M and N must be positive");
+  return with_element_type(a.dtype, [&](auto element) -> Status {
+    Plan plan{};
+    if (Status s = plan_for<decltype(element)>(a, plan); !s) return s;
+    bytes = plan.workspace_bytes;
+    return Status::success();
+  });
+}
+
+Status batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) {
+  if (Status s = check(a); !s) return s;
+  return with_element_type(a.dtype, [&](auto element) -> Status {
+    using T = decltype(element);
+    Plan plan{};
+    if (Status s = plan_for<T>(a, plan); !s) return s;
+    if (!a.workspace || a.workspace_bytes < plan.workspace_bytes) {
+      return Status::invalid("workspace is smaller than batch_norm_backward_workspace_bytes");
+    }
+    float* partials = static_cast<float*>(a.workspace);
+    BackwardParams<T> p{static_cast<const T*>(a.dout), static_cast<const T*>(a.y), static_cast<T*>(a.grad_y), a.M, a.N,
+                        a.mean, a.invstd, static_cast<const T*>(a.gamma), a.batch_statistics, partials,
+                        partials + int64_t(kSums) * plan.chunks * a.N,
+                        reinterpret_cast<double*>(partials + (int64_t(kSums) * plan.chunks + kCoefficients) * a.N),
+                        a.dgamma, a.dbeta, a.sum_grad_y, a.sum_grad_y_y,
+                        plan.work.stripes, plan.work.rows_per_chunk, static_cast<int>(plan.work.items), plan.chunks};
+    void* kernel_args[] = {&p};
+    cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&batch_norm_backward_kernel<T>),
+                                                dim3(plan.blocks), dim3(kThreads), kernel_args, 0, stream);
+    return Status::from_cuda(e, "launching batch_norm_backward (cooperative)");
+  });
+}
+
+}  // namespace gemmbn
