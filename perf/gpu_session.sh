@@ -23,6 +23,9 @@
 #   bench-short-k     perf/bench.py --set short_k, TF32 and bf16, without torch.compile
 #   sweep             perf/bench.py's sweep set, TF32 and bf16, gemmbn against eager and torch.compile (--quick)
 #   main-job          python -m gemmbn
+#   backward          the backward's GPU tests (tests/test_backward_gpu.py)
+#   train-step        perf/train_step.py: forward + backward (+ SGD step) against eager and torch.compile at
+#                     issue 16's four shapes, fp32 / TF32 / bf16 (sizes by GEMMBN_TRAIN_SIZES="M K N;...")
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
@@ -111,6 +114,11 @@ for name in $steps; do
         --quick --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.txt" | grep "^|" | head -50 ;;
     main-job)
       timeout $(limit 200) python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25 ;;
+    backward)
+      timeout $(limit 300) python3 -m pytest -q -rs tests/test_backward_gpu.py 2>&1 | tee "$out/backward.log" | tail -15 ;;
+    train-step)
+      timeout $(limit 400) python3 perf/train_step.py ${GEMMBN_TRAIN_SIZES:+--sizes "$GEMMBN_TRAIN_SIZES"} \
+        --out "$out/train_step.csv" 2>&1 | tee "$out/train_step.txt" | tail -30 ;;
     profile-split)
       timeout $(limit 240) bash perf/ncu/profile.sh "$out/ncu" --split > "$out/ncu.log" 2>&1
       rm -f "$out"/ncu/*.ncu-rep  # the text pages come back; the reports are too large

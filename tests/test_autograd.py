@@ -65,10 +65,44 @@ def test_train_backward_recomputes_missing_pre_norm():
     invstd = torch.rsqrt(var + 1e-5)
     dout = torch.randn(M, N)
     needs = [True] * 6
-    kept = backward.train_backward(dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, needs)
-    recomputed = backward.train_backward(dout, x, weight, bias, scale, gamma, beta, y.new_empty(0), mean, invstd, needs)
+
+    def grads(pre_norm, needs):
+        return backward.linear_scale_bn_backward(
+            dout, x, weight, bias, scale, gamma, beta, pre_norm, mean, invstd, True, needs, "highest"
+        )
+
+    kept, recomputed = grads(y, needs), grads(y.new_empty(0), needs)
     for a, b in zip(kept, recomputed):
         torch.testing.assert_close(a, b)
-    only_x = backward.train_backward(dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, [True] + [False] * 5)
+    only_x = grads(y, [True] + [False] * 5)
     assert only_x[1:] == (None,) * 5
     torch.testing.assert_close(only_x[0], kept[0])
+    only_beta = grads(y.new_empty(0), [False] * 5 + [True])
+    assert only_beta[:5] == (None,) * 5
+    torch.testing.assert_close(only_beta[5], dout.sum(0))
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_double_backward_is_refused(training):
+    _, drop_in = make_pair(K, N)
+    drop_in.train(training)
+    x = torch.rand(M, K, requires_grad=True)
+    out = drop_in(x)
+    with pytest.raises(RuntimeError, match="double backward .* not supported"):
+        torch.autograd.grad(out, x, torch.randn_like(out), create_graph=True)
+
+
+@pytest.mark.parametrize(("trainable", "kept"), [("all", 1), ("beta", 0)])
+def test_forward_keeps_one_activation(trainable, kept):
+    """The training forward saves x, W and one M x N tensor (y) for the backward, and no y when only beta
+    trains (its gradient is sum dout): then the finish normalizes in place."""
+    _, drop_in = make_pair(K, N)
+    if trainable == "beta":
+        for name, p in drop_in.named_parameters():
+            p.requires_grad_(name == "bn.bias")
+    x = torch.rand(M, K, requires_grad=trainable == "all")
+    out = drop_in(x)
+    saved = [t for t in out.grad_fn.saved_tensors if t is not None]
+    assert sum(t.shape == (M, N) for t in saved) == kept
+    out.backward(torch.randn_like(out))
+    assert drop_in.bn.bias.grad is not None

@@ -7,11 +7,7 @@ that, to check these tests themselves on a GPU without a build; it proves nothin
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import os
-import warnings
-
 import math
 
 import pytest
@@ -20,23 +16,17 @@ import torch.nn.functional as F
 from _helpers import float64_grads, grads, reference_copy
 from conftest import requires_sm90
 
-from gemmbn import GemmBnFallbackWarning, GemmScaleBatchNorm, _native, fallback
+from _gpu import CONFIGS, DEVICE, fused_path, require_extension
+from _gpu import model as _model
+from _gpu import rand_x as _x
+
+from gemmbn import _native
 from gemmbn.precision import float32_matmul_precision
 from gemmbn.reference import float64_forward
 from gemmbn.tolerances import output_tolerance, relative_error
 
 pytestmark = [pytest.mark.gpu, requires_sm90]
 
-ALLOW_FALLBACK = os.environ.get("GEMMBN_TEST_ALLOW_FALLBACK") == "1"
-DEVICE = torch.device("cuda")
-
-# (dtype, precision): "highest" = the fp32-faithful split GEMM; "high" = TF32; 16-bit = native.
-CONFIGS = {
-    "fp32-highest": (torch.float32, "highest"),
-    "fp32-high": (torch.float32, "high"),
-    "bf16": (torch.bfloat16, "highest"),
-    "fp16": (torch.float16, "highest"),
-}
 # Ragged on purpose: M not a multiple of the M-tile, 64 or 128 rows (1000, 129) or tiny (2); N not a
 # multiple of 256. 16-bit rows need N % 8 == 0 (16-byte TMA rows), hence 264 there instead of 260.
 RAGGED = {
@@ -65,28 +55,7 @@ MID_CASES = _cases(lambda dtype: [(1000, 512, 264), BENCHMARK])
 
 @pytest.fixture(scope="module", autouse=True)
 def _extension_built():
-    module, reason = _native._load()
-    if module is None and not ALLOW_FALLBACK:
-        pytest.fail(f"an sm90 GPU is present but {reason}; build it (pip install .) to test the kernels")
-
-
-@contextlib.contextmanager
-def fused_path():
-    """Fail the test if anything inside falls back to the PyTorch reference."""
-    fallback.reset()
-    with warnings.catch_warnings():
-        if not ALLOW_FALLBACK:
-            warnings.simplefilter("error", GemmBnFallbackWarning)
-        yield
-
-
-def _model(dtype, precision, K, N, *, seed=0, **kwargs):
-    torch.manual_seed(seed)
-    return GemmScaleBatchNorm(K, N, (N,), precision=precision, **kwargs).to(DEVICE, dtype)
-
-
-def _x(M, K, dtype):
-    return torch.rand(M, K, device=DEVICE, dtype=dtype)
+    require_extension()
 
 
 # With very few rows a column's spread is the difference of a few values of size |y|, and rounding y

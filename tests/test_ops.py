@@ -46,6 +46,27 @@ def test_opcheck_train(momentum, keep_pre_norm, tracking):
     torch.library.opcheck(torch.ops.gemmbn.linear_scale_bn_train.default, args, test_utils=TRAIN_UTILS)
 
 
+# The backward operator has no gradient of its own (double backward is refused), so opcheck's
+# autograd-registration test does not apply.
+BACKWARD_UTILS = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("batch_statistics", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("needs", [[True] * 6, [True, False, False, True, False, True], [False] * 5 + [True]],
+                         ids=["all", "some", "beta-only"])  # fmt: skip
+@pytest.mark.parametrize("affine", [True, False])
+def test_opcheck_backward(batch_statistics, needs, affine):
+    x, weight, bias, scale, gamma, beta = _operands(requires_grad=False)
+    if not affine:
+        gamma = beta = None
+    y = torch.nn.functional.linear(x, weight, bias) * scale
+    var, mean = torch.var_mean(y, dim=0, correction=0)
+    dout = torch.randn(M, N)
+    args = (dout, x, weight, bias, scale, gamma, beta, y, mean, torch.rsqrt(var + 1e-5), batch_statistics, needs,
+            "highest")  # fmt: skip
+    torch.library.opcheck(torch.ops.gemmbn.linear_scale_bn_backward.default, args, test_utils=BACKWARD_UTILS)
+
+
 @pytest.mark.parametrize("keep_pre_norm", [False, True])
 def test_train_outputs(keep_pre_norm):
     x, weight, bias, scale, gamma, beta = _operands(requires_grad=False)

@@ -179,3 +179,81 @@ def eval_forward(
             _dl(running_var), eps, _dl(affine), stream, **extras,
         )  # fmt: skip
     return out
+
+
+# --- backward ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_workspace_bytes(dtype_name: str, M: int, N: int, device_index: int) -> int:
+    """batch_norm_backward's workspace for [M, N] (it depends on the device's SM count, hence the index)."""
+    return extension().batch_norm_backward_workspace_bytes(dtype_name, M, N)
+
+
+def batch_norm_backward(
+    dout: Tensor,
+    y: Tensor | None,
+    mean: Tensor,
+    invstd: Tensor,
+    gamma: Tensor | None,
+    batch_statistics: bool,
+    need_grad_y: bool,
+) -> tuple[Tensor | None, Tensor]:
+    """(grad_y = dL/dy in dout's dtype or None, float32 [4, N] of dbeta, dgamma, sum_m grad_y and
+    sum_m grad_y y): api.h's math.
+
+    dout and y: contiguous [M, N], 16-byte aligned; mean, invstd: float32 [N] (the running statistics
+    when not ``batch_statistics``); y may be None only then (dgamma is then 0, sum_m grad_y y not written).
+    """
+    _C = extension()
+    M, N = dout.shape
+    grad_y = torch.empty_like(dout) if need_grad_y else None
+    column_grads = torch.empty((4, N), dtype=torch.float32, device=dout.device)
+    with _on_device(dout) as stream:
+        size = _backward_workspace_bytes(_DTYPE_NAMES[dout.dtype], M, N, dout.device.index)
+        workspace = torch.empty(size, dtype=torch.uint8, device=dout.device)
+        _C.batch_norm_backward(
+            _dl(dout), _dl(y), _dl(grad_y), _dl(mean), _dl(invstd), _dl(gamma), batch_statistics, _dl(workspace),
+            _dl(column_grads), stream,
+        )  # fmt: skip
+    return grad_y, column_grads
+
+
+def split_matmul(a: Tensor, b_rows: Tensor) -> Tensor:
+    """a @ b_rows^T in float32 on the fp32-faithful split GEMM: a [M, K], b_rows [N, K], contiguous float32,
+    K and N multiples of 4. b_rows is split on every call (the backward's operands change every step)."""
+    _C = extension()
+    M, N = a.shape[0], b_rows.shape[0]
+    out = a.new_empty((M, N))
+    with _on_device(a) as stream:
+        weight_split, weight_unscale = weight_cache.split_now(b_rows, stream)
+        x_scale = torch.empty(_C.row_scale_count(M), dtype=torch.float32, device=a.device)
+        _C.gemm_scale_stats(
+            _dl(a), _dl(b_rows), _dl(out), None, None, None, None, None, None, None, stream,
+            weight_split=_dl(weight_split), weight_unscale=_dl(weight_unscale), x_scale=_dl(x_scale),
+        )  # fmt: skip
+    return out
+
+
+def weight_grads(g: Tensor, weight: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """(dweight = s g in weight's dtype, w_dot_g = sum_k weight g in float32) from g = grad_y^T x (float32
+    [N, K]), in one pass over g and weight; weight and scale contiguous, 16-byte aligned."""
+    dweight = torch.empty_like(weight)
+    w_dot_g = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    with _on_device(weight) as stream:
+        extension().weight_grads(_dl(g), _dl(weight), _dl(scale), _dl(dweight), _dl(w_dot_g), stream)
+    return dweight, w_dot_g
+
+
+def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gemm_kind: str) -> Tensor:
+    """y = (x W^T + b) s on the fused GEMM without statistics (the eval backward's y when dgamma is needed)."""
+    _C = extension()
+    (M, K), N = x.shape, weight.shape[0]
+    _, workspace_bytes = _plan_for(x, N, K, gemm_kind == precision_mod.SPLIT_FP32, statistics=False)
+    y = x.new_empty((M, N))
+    with _on_device(x) as stream:
+        extras = {**_split_operands(weight, M, gemm_kind, stream), **_workspace_argument(x, workspace_bytes)}
+        _C.gemm_scale_stats(
+            _dl(x), _dl(weight), _dl(y), _dl(bias), _dl(scale), None, None, None, None, None, stream, **extras
+        )  # fmt: skip
+    return y

@@ -3,6 +3,7 @@
 - ``gemmbn::linear_scale_bn_train``: forward with batch statistics (training, or eval without running
   statistics); updates running_mean/running_var/num_batches_tracked in place.
 - ``gemmbn::linear_scale_bn_eval``: forward with the running statistics.
+- ``gemmbn::linear_scale_bn_backward``: the gradients of either (backward.py), one operator per backward.
 
 Each implementation decides once: the fused kernels when plan.fused_plan allows them, else the
 PyTorch reference, with a GemmBnFallbackWarning naming the reason (once per reason).
@@ -14,7 +15,9 @@ How calls reach them (``forward_train`` and ``forward_eval`` below):
 Autograd: PyTorch refuses ``register_autograd`` on an operator that mutates its inputs ("Cannot
 register autograd formula for non-functional operator"), so the gradients are attached by the
 autograd.Functions below, which torch.compile traces (fullgraph included). The eval operator, which
-mutates nothing, also registers its formula directly, so it is differentiable on its own.
+mutates nothing, also registers its formula directly, so it is differentiable on its own. Both formulas
+call the backward operator (compiled graphs) or its implementation (eager), which gives first-order
+gradients only: a backward with create_graph=True raises.
 """
 
 # No `from __future__ import annotations` here: custom_op infers the schema from real annotations.
@@ -118,6 +121,64 @@ def _run_train(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return linear_scale_bn_train(*args) if torch.compiler.is_compiling() else _train_impl(*args)
 
 
+# --- backward (either forward) ---------------------------------------------------------------
+
+
+def _backward_impl(
+    dout: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    scale: Tensor,
+    gamma: Optional[Tensor],
+    beta: Optional[Tensor],
+    pre_norm: Tensor,
+    mean: Tensor,
+    invstd: Tensor,
+    batch_statistics: bool,
+    needs: list[bool],
+    precision: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dW, db, ds, dgamma, dbeta) of backward.linear_scale_bn_backward; an empty tensor where that gives None."""
+    grads = backward.linear_scale_bn_backward(
+        dout, x, weight, bias, scale, gamma, beta, pre_norm, mean, invstd, batch_statistics, needs, precision
+    )
+    return tuple(dout.new_empty(0) if grad is None else grad for grad in grads)
+
+
+linear_scale_bn_backward = torch.library.custom_op("gemmbn::linear_scale_bn_backward", _backward_impl, mutates_args=())
+
+
+def _grads_present(inputs, needs) -> list[bool]:
+    """Which of (dx, dW, db, ds, dgamma, dbeta) the backward returns: asked for and the input not None."""
+    return [bool(need) and t is not None for need, t in zip(needs, inputs)]
+
+
+@linear_scale_bn_backward.register_fake
+def _(dout, x, weight, bias, scale, gamma, beta, pre_norm, mean, invstd, batch_statistics, needs, precision):
+    inputs = (x, weight, bias, scale, gamma, beta)
+    return tuple(t.new_empty(t.shape) if present else dout.new_empty(0)
+                 for t, present in zip(inputs, _grads_present(inputs, needs)))  # fmt: skip
+
+
+def _run_backward(*args) -> tuple[Optional[Tensor], ...]:
+    """The gradients (None where not returned): the operator under torch.compile, else its implementation."""
+    _refuse_double_backward()
+    if not torch.compiler.is_compiling():
+        return backward.linear_scale_bn_backward(*args)
+    grads = linear_scale_bn_backward(*args)
+    return tuple(g if present else None for g, present in zip(grads, _grads_present(args[1:7], args[11])))
+
+
+def _refuse_double_backward() -> None:
+    # The autograd engine runs a backward with grad mode on only for create_graph=True.
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise RuntimeError(
+            "gemmbn: double backward (a backward with create_graph=True) is not supported; the fused layer "
+            "gives first-order gradients of x, weight, bias, scale, gamma and beta"
+        )
+
+
 class _TrainFunction(torch.autograd.Function):
     """Autograd for the training forward (the operator itself cannot register a formula: it mutates)."""
 
@@ -126,14 +187,13 @@ class _TrainFunction(torch.autograd.Function):
         x, weight, bias, scale, gamma, beta = args[:6]
         out, pre_norm, save_mean, save_invstd = _run_train(*args)
         ctx.save_for_backward(x, weight, bias, scale, gamma, beta, pre_norm, save_mean, save_invstd)
+        ctx.precision = args[11]
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        x, weight, bias, scale, gamma, beta, pre_norm, save_mean, save_invstd = ctx.saved_tensors
-        grads = backward.train_backward(
-            dout, x, weight, bias, scale, gamma, beta, pre_norm, save_mean, save_invstd, ctx.needs_input_grad[:6]
-        )
+        saved = ctx.saved_tensors
+        grads = _run_backward(dout, *saved, True, list(ctx.needs_input_grad[:6]), ctx.precision)
         return (*grads, None, None, None, None, None, None, None)
 
 
@@ -151,11 +211,12 @@ def forward_train(
     eps: float,
     precision: str,
 ) -> Tensor:
-    """Differentiable out of linear_scale_bn_train (same arguments; y is kept only when grads are needed)."""
+    """Differentiable out of linear_scale_bn_train (same arguments). y is kept for the backward only when a
+    gradient other than beta's is needed (beta's is sum dout); otherwise the finish normalizes in place."""
     args = (x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
             momentum, eps, precision)  # fmt: skip
     if _requires_grad(x, weight, bias, scale, gamma, beta):
-        return _TrainFunction.apply(*args, True)
+        return _TrainFunction.apply(*args, _requires_grad(x, weight, bias, scale, gamma))
     return _run_train(*args, False)[0]
 
 
@@ -204,16 +265,18 @@ def _run_eval(*args) -> Tensor:
 
 
 def _eval_setup_context(ctx, inputs, output):
-    x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, _ = inputs
+    x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision = inputs
     ctx.save_for_backward(x, weight, bias, scale, gamma, beta, running_mean, running_var)
-    ctx.eps = eps
+    ctx.eps, ctx.precision = eps, precision
 
 
 def _eval_backward(ctx, dout):
     x, weight, bias, scale, gamma, beta, running_mean, running_var = ctx.saved_tensors
-    grads = backward.eval_backward(
-        dout, x, weight, bias, scale, gamma, beta, running_mean, running_var, ctx.eps, ctx.needs_input_grad[:6]
-    )
+    # The running statistics are constants here: xhat = (y - running_mean) / sqrt(running_var + eps).
+    stats_dtype = reference.statistics_dtype(x.dtype)
+    invstd = torch.rsqrt(running_var.to(stats_dtype) + ctx.eps)
+    grads = _run_backward(dout, x, weight, bias, scale, gamma, beta, x.new_empty(0), running_mean.to(stats_dtype),
+                          invstd, False, list(ctx.needs_input_grad[:6]), ctx.precision)  # fmt: skip
     return (*grads, None, None, None, None)
 
 

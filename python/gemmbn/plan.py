@@ -12,22 +12,13 @@ _INT32_LIMIT = 2**31  # the kernels index with 32-bit ints
 _ALIGNMENT = 16  # bytes: TMA tiles and 16-byte vector accesses
 
 
-def layout_reason(
-    x: Tensor, weight: Tensor, vectors: dict[str, Tensor | None], eps: float, batches_tracked: Tensor | None = None
-) -> str | None:
-    """None when dtypes, sizes and alignment suit the kernels, else the first reason they do not.
-
-    ``x`` and ``weight`` are expected contiguous already (the ops make them so); ``vectors`` maps
-    names to the [N] tensors (bias, scale, gamma, beta, running stats), None entries ignored.
-    """
+def _size_reason(x: Tensor, weight: Tensor, present: dict[str, Tensor]) -> str | None:
+    """None when the dtypes and sizes suit the kernels (``present``: the other tensors by name), else why not."""
     if x.dtype not in _FUSED_DTYPES:
         return f"dtype {x.dtype} has no fused kernel (float32, bfloat16 and float16 do)"
-    present = {"weight": weight, **{name: t for name, t in vectors.items() if t is not None}}
     for name, tensor in present.items():
         if tensor.dtype != x.dtype:
             return f"{name} is {tensor.dtype} but x is {x.dtype}; the fused kernels take one dtype for all tensors"
-    if batches_tracked is not None and batches_tracked.dtype != torch.int64:
-        return f"num_batches_tracked is {batches_tracked.dtype}; the kernels count in int64"
     (M, K), N = x.shape, weight.shape[0]
     for dim, size in (("M", M), ("N", N), ("K", K)):
         if not 0 < size < _INT32_LIMIT:
@@ -39,6 +30,23 @@ def layout_reason(
                 f"{dim}={size} is not a multiple of {elements_per_row} "
                 f"(TMA needs 16-byte rows of {x.dtype})"
             )
+    return None
+
+
+def layout_reason(
+    x: Tensor, weight: Tensor, vectors: dict[str, Tensor | None], eps: float, batches_tracked: Tensor | None = None
+) -> str | None:
+    """None when dtypes, sizes and alignment suit the kernels, else the first reason they do not.
+
+    ``x`` and ``weight`` are expected contiguous already (the ops make them so); ``vectors`` maps
+    names to the [N] tensors (bias, scale, gamma, beta, running stats), None entries ignored.
+    """
+    present = {"weight": weight, **{name: t for name, t in vectors.items() if t is not None}}
+    reason = _size_reason(x, weight, present)
+    if reason is not None:
+        return reason
+    if batches_tracked is not None and batches_tracked.dtype != torch.int64:
+        return f"num_batches_tracked is {batches_tracked.dtype}; the kernels count in int64"
     for name, tensor in {"x": x, **present}.items():
         if not tensor.is_contiguous():
             return f"{name} is not contiguous"
@@ -47,6 +55,13 @@ def layout_reason(
     if not eps > 0:
         return f"eps={eps} is not positive (the kernels need sqrt(var + eps) > 0)"
     return None
+
+
+def backward_reason(x: Tensor, weight: Tensor, vectors: dict[str, Tensor | None]) -> str | None:
+    """None when the fused backward can run on the forward's saved tensors, else why not. The backward makes
+    its operands contiguous and aligned itself, so only the device, dtypes and sizes matter."""
+    present = {"weight": weight, **{name: t for name, t in vectors.items() if t is not None}}
+    return fused_unavailable_reason(x) or _size_reason(x, weight, present)
 
 
 def fused_plan(

@@ -44,7 +44,8 @@ def clear() -> None:
         _entries.clear()
 
 
-def _split(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
+def split_now(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
+    """(weight_split, weight_unscale) of a contiguous float32 [N, K] CUDA tensor, made on ``stream``, uncached."""
     _C = extension()
     N, K = weight.shape
     weight_split = torch.empty((N, _C.split_weight_columns(K)), dtype=torch.float16, device=weight.device)
@@ -62,7 +63,7 @@ def split_weight(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
     """
     version = _version(weight)
     if version is None or torch.cuda.is_current_stream_capturing():
-        return _split(weight, stream)
+        return split_now(weight, stream)
     key = id(weight)
     with _lock:
         entry = _entries.get(key)
@@ -74,7 +75,7 @@ def split_weight(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
             and entry.shape == weight.shape
         ):
             return entry.weight_split, entry.weight_unscale
-    weight_split, weight_unscale = _split(weight, stream)
+    weight_split, weight_unscale = split_now(weight, stream)
     owner = weakref.ref(weight, lambda _, key=key: _evict(key))
     with _lock:
         _entries[key] = _Entry(owner, weight.data_ptr(), version, weight.shape, weight_split, weight_unscale)

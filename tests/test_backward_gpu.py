@@ -1,0 +1,257 @@
+"""The fused backward on an sm90 GPU: every gradient against float64 and eager PyTorch, determinism, CUDA
+graphs of whole training steps, torch.compile, optimizer steps, no host synchronization.
+
+Every step here runs inside ``fused_path()`` (a fallback warning fails the test), and the backward kernel's
+calls are counted, so a test passes only where the fused backward really ran.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from _gpu import CONFIGS, DEVICE, fused_path, model, rand_x, require_extension
+from _helpers import cotangent, float64_grads, grads, reference_copy
+from conftest import requires_sm90
+
+from gemmbn import fused
+from gemmbn.precision import float32_matmul_precision
+from gemmbn.tolerances import relative_error
+
+pytestmark = [pytest.mark.gpu, requires_sm90]
+
+# Ragged M (not a multiple of the 128-row tiles, and of 4: the split GEMM's dW pads M), N not a multiple of
+# a 256-column stripe (16-bit N must stay a multiple of 8), and the benchmark shape.
+SHAPES = {32: [(1001, 512, 260), (16384, 4096, 4096)], 16: [(1001, 512, 264), (16384, 4096, 4096)]}
+# Eager PyTorch in the same precision: "highest" for fp32-highest and the 16-bit models, "high" (TF32) for TF32.
+EAGER_PRECISION = {"fp32-highest": "highest", "fp32-high": "high", "bf16": "highest", "fp16": "highest"}
+# Allowed ratio of gemmbn's error to eager's (both against float64). fp32 "highest" has the forward's
+# contract: within 2x of eager fp32. TF32 and 16-bit run the same rounding steps as eager (operand
+# roundings, fp32 accumulation, one output rounding), so the errors are two draws of the same noise;
+# the 1.25 covers the spread between draws (issue 16 asks for <= eager's: the ratios measured are in
+# perf/NOTES.md v12).
+ERROR_RATIO = {"fp32-highest": 2.0, "fp32-high": 1.25, "bf16": 1.25, "fp16": 1.25}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _extension_built():
+    require_extension()
+
+
+@pytest.fixture
+def backward_calls(monkeypatch):
+    """A list that grows by one per call of the fused backward kernel (fused.batch_norm_backward)."""
+    calls, kernel = [], fused.batch_norm_backward
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "batch_norm_backward", counted)
+    return calls
+
+
+def _cases():
+    return [
+        pytest.param(name, shape, id=f"{name}-{'x'.join(map(str, shape))}")
+        for name, (dtype, _) in CONFIGS.items()
+        for shape in SHAPES[dtype.itemsize * 8]
+    ]
+
+
+def _assert_within_eager(name, actual, eager, expected, what=""):
+    """Each gradient finite, of the parameter's dtype, and within ERROR_RATIO x eager's error against float64."""
+    assert actual.keys() == expected.keys() == eager.keys()
+    for key, grad64 in expected.items():
+        grad = actual[key]
+        assert grad.dtype == eager[key].dtype and torch.isfinite(grad).all(), f"{what}{key}"
+        # ||error|| ratios, so gradients that are 0 in exact arithmetic (the bias's in training) compare
+        # their rounding noise with eager's (the same denominator would cancel from a relative error).
+        ours, theirs = (grad.double() - grad64).norm().item(), (eager[key].double() - grad64).norm().item()
+        limit = ERROR_RATIO[name] * theirs
+        relative = relative_error(grad, grad64) if grad64.norm() > 0 else float("nan")
+        assert ours <= limit, f"{what}{key}: ||error|| {ours:.3e} > {ERROR_RATIO[name]} x eager's {theirs:.3e} " \
+                              f"(relative {relative:.2e})"
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize(("name", "shape"), _cases())
+def test_gradients_within_eager_error(name, shape, training, backward_calls):
+    """Gradients of x, weight, bias, scale, gamma and beta against float64 autograd of the reference module,
+    no worse than eager PyTorch's in the same precision (fp32 "highest": within 2x of eager fp32)."""
+    dtype, precision = CONFIGS[name]
+    M, K, N = shape
+    drop_in = model(dtype, precision, K, N)
+    eager = reference_copy(drop_in)
+    drop_in.train(training), eager.train(training)
+    if not training:  # eval normalizes with non-trivial running statistics
+        with torch.no_grad():
+            for m in (drop_in, eager):
+                m.bn.running_mean.uniform_(-1, 1), m.bn.running_var.uniform_(0.5, 2)
+    x = rand_x(M, K, dtype)
+    expected = float64_grads(drop_in, x)
+    with fused_path():
+        actual = grads(drop_in, x)
+    assert len(backward_calls) == 1
+    with float32_matmul_precision(EAGER_PRECISION[name]):
+        baseline = grads(eager, x)
+    _assert_within_eager(name, actual, baseline, expected)
+
+
+VARIANTS = {
+    "affine_off": {"affine": False},
+    "no_bias": {"bias": False},
+    "tracking_off": {"track_running_stats": False},
+    "scale_with_zeros": {},  # every third scale entry 0 (below)
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gradients_of_module_variants(name, variant, backward_calls):
+    """affine=False, bias=False, track_running_stats=False and a scale with zeros (there y = 0, so the scale's
+    gradient needs z = x W^T + b, which the backward takes from G = grad_y^T x: backward.py)."""
+    dtype, precision = CONFIGS[name]
+    M, K, N = 1001, 512, 264
+    drop_in = model(dtype, precision, K, N, **VARIANTS[variant])
+    if variant == "scale_with_zeros":
+        with torch.no_grad():
+            drop_in.scale[::3] = 0
+    eager = reference_copy(drop_in)
+    x = rand_x(M, K, dtype)
+    expected = float64_grads(drop_in, x)
+    with fused_path():
+        actual = grads(drop_in, x)
+    assert len(backward_calls) == 1
+    if variant == "scale_with_zeros":
+        assert actual["scale"][::3].abs().min() > 0, "zero scales still have a gradient (sum_m grad_y z)"
+    with float32_matmul_precision(EAGER_PRECISION[name]):
+        baseline = grads(eager, x)
+    _assert_within_eager(name, actual, baseline, expected, f"{variant}: ")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gradients_bitwise_deterministic(name):
+    dtype, precision = CONFIGS[name]
+    M, K, N = 1001, 512, 264
+    first = model(dtype, precision, K, N)
+    second = copy.deepcopy(first)
+    x = rand_x(M, K, dtype)
+    with fused_path():
+        a, b = grads(first, x), grads(second, x)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def _sgd_steps(module, xs, precision=None):
+    """Five SGD-with-momentum steps on loss = sum(out * cotangent); the state (parameters and buffers) after.
+
+    lr is small enough that no parameter moves by more than a few percent a step: with lr = 0.05 the scale
+    (whose gradient is ~1e2 per entry here) changed sign within two steps and the trajectories of float64,
+    eager and gemmbn parted chaotically, comparing nothing.
+    """
+    optimizer = torch.optim.SGD(module.parameters(), lr=1e-4, momentum=0.9)
+    with float32_matmul_precision(precision) if precision else fused_path():
+        for x in xs:
+            optimizer.zero_grad(set_to_none=True)
+            out = module(x)
+            out.backward(cotangent(out))
+            optimizer.step()
+    return {key: t.detach().double() for key, t in module.state_dict().items() if t.is_floating_point()}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_sgd_steps_track_eager(name):
+    """After 5 SGD-with-momentum steps the parameters and running statistics are as close to float64 training
+    as eager's are: each step's gradient errs like eager's (tests above), so the trajectories drift alike."""
+    dtype, precision = CONFIGS[name]
+    M, K, N = 1001, 512, 264
+    drop_in = model(dtype, precision, K, N)
+    eager, exact = reference_copy(drop_in), reference_copy(drop_in).double()
+    xs = [rand_x(M, K, dtype) for _ in range(5)]
+    ours = _sgd_steps(drop_in, xs)
+    theirs = _sgd_steps(eager, xs, EAGER_PRECISION[name])
+    expected = _sgd_steps(exact, [x.double() for x in xs], "highest")
+    assert ours.keys() == expected.keys()
+    for key, value in expected.items():
+        error, eager_error = (ours[key] - value).norm().item(), (theirs[key] - value).norm().item()
+        # The gradients' ratio, plus a floor of the state's own rounding to its dtype, 1 ulp a step.
+        floor = 5 * torch.finfo(dtype).eps * value.norm().item()
+        assert error <= ERROR_RATIO[name] * eager_error + floor, f"{key}: {error:.3e} vs eager {eager_error:.3e}"
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_cuda_graph_of_training_steps(name, backward_calls):
+    """Forward, backward and an SGD step captured in one CUDA graph replay bitwise like the same steps run eagerly."""
+    dtype, precision = CONFIGS[name]
+    M, K, N = 1001, 512, 264
+    captured = model(dtype, precision, K, N, momentum=None)
+    eager = copy.deepcopy(captured)
+    static_x = rand_x(M, K, dtype)
+    static_dout = torch.randn(M, N, device=DEVICE, dtype=dtype)
+
+    def step(module, optimizer, x, dout):
+        optimizer.zero_grad(set_to_none=False)
+        module(x).backward(dout)
+        optimizer.step()
+
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, foreach=False) for m in (captured, eager)]
+    with fused_path():
+        # Warm up both on a side stream (allocator, cuBLAS handles, momentum buffers), one step each.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(captured, optimizers[0], static_x, static_dout)
+            step(eager, optimizers[1], static_x.clone(), static_dout.clone())
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(captured, optimizers[0], static_x, static_dout)
+        for replay in range(3):
+            static_x.copy_(rand_x(M, K, dtype))
+            static_dout.copy_(torch.randn(M, N, device=DEVICE, dtype=dtype))
+            graph.replay()
+            step(eager, optimizers[1], static_x.clone(), static_dout.clone())
+            for (key, p), q in zip(captured.named_parameters(), eager.parameters()):
+                assert torch.equal(p, q), f"replay {replay}: {key}"
+    assert torch.equal(captured.bn.running_var, eager.bn.running_var)
+    assert len(backward_calls) == 2 + 1 + 3  # warm-ups, the capture, the eager steps
+
+
+@pytest.mark.parametrize("name", ["fp32-highest", "bf16"])
+def test_compiled_training_step_runs_the_fused_backward(name, backward_calls):
+    """torch.compile(fullgraph=True) of the module: its backward graph calls gemmbn::linear_scale_bn_backward,
+    whose gradients equal the eager module's."""
+    dtype, precision = CONFIGS[name]
+    M, K, N = 1001, 512, 264
+    eager = model(dtype, precision, K, N, momentum=None)
+    compiled_module = copy.deepcopy(eager)
+    compiled = torch.compile(compiled_module, fullgraph=True)
+    x = rand_x(M, K, dtype)
+    with fused_path():
+        expected = grads(eager, x)
+        calls_before = len(backward_calls)
+        actual = grads(compiled, x)
+    assert len(backward_calls) == calls_before + 1, "the compiled backward did not run the fused kernel"
+    for key, grad in expected.items():
+        torch.testing.assert_close(actual[key], grad, rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
+
+
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype feature")
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_backward_does_not_synchronize(name):
+    dtype, precision = CONFIGS[name]
+    drop_in = model(dtype, precision, 512, 264, momentum=None)
+    x = rand_x(1001, 512, dtype)
+    with fused_path():
+        grads(drop_in, x)  # first call: imports, device queries, cuBLAS handles
+        torch.cuda.synchronize()
+        out = drop_in(x)
+        dout = cotangent(out)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out.backward(dout)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.isfinite(p.grad).all() for p in drop_in.parameters())
