@@ -20,6 +20,8 @@ ops, in float32 (float64 for float64 data), with the GEMMs at PyTorch's own prec
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -29,6 +31,8 @@ from .fallback import warn_once
 from .reference import linear_scale, statistics_dtype
 
 REFERENCE = "reference"  # the GEMM route of the PyTorch fallback
+# GEMMBN_FUSED_BACKWARD=0 runs every backward on the PyTorch route (A/B runs, or to rule the kernels out).
+FUSED = os.environ.get("GEMMBN_FUSED_BACKWARD", "1") != "0"
 # torch.mm(a, b, out_dtype) (bf16/fp16 in, float32 out) is in torch >= 2.9; before, the product is rounded first.
 _MM_OUT_DTYPE = "out_dtype" in (torch.mm.__doc__ or "")
 
@@ -130,6 +134,8 @@ def _linear_scale_grads(
 
 def _route(x: Tensor, weight: Tensor, vectors: dict, precision: str) -> str:
     """The GEMM kind (precision.resolve) where the fused backward can run, else REFERENCE (warning once why)."""
+    if not FUSED:
+        return REFERENCE
     reason = plan.backward_reason(x, weight, vectors)
     if reason is None:
         return precision_mod.resolve(x.dtype, precision)
