@@ -20,6 +20,7 @@ ops, in float32 (float64 for float64 data), with the GEMMs at PyTorch's own prec
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -72,6 +73,12 @@ def _k_major(t: Tensor) -> Tensor:
     return out
 
 
+def _torch_gemm_precision(route: str):
+    """The float32 matmul precision a torch GEMM of the route runs at: TF32 for the TF32 route ("high" and
+    "medium"), PyTorch's own setting otherwise (16-bit operands ignore it; the reference follows it)."""
+    return precision_mod.float32_matmul_precision("high") if route == precision_mod.TF32 else contextlib.nullcontext()
+
+
 def _dx(route: str, grad_y: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """dx = grad_y (s W) [M, K] on the route's GEMM."""
     if route == precision_mod.SPLIT_FP32:
@@ -79,24 +86,20 @@ def _dx(route: str, grad_y: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
         scaled_weight_t = torch.mul(weight.t(), scale, out=weight.new_empty((K, N)))  # (s W)^T, one pass
         return fused.split_matmul(grad_y, scaled_weight_t)
     scaled_weight = weight.to(grad_y.dtype) * scale.to(grad_y.dtype)[:, None]
-    if route == precision_mod.TF32:
-        with precision_mod.float32_matmul_precision("high"):
-            return grad_y @ scaled_weight
-    return grad_y @ scaled_weight  # 16-bit tensor cores, or the reference at PyTorch's setting
+    with _torch_gemm_precision(route):
+        return grad_y @ scaled_weight
 
 
 def _weight_product(route: str, grad_y: Tensor, x: Tensor) -> Tensor:
     """G = grad_y^T x [N, K] in float32 (float64 for float64 data) on the route's GEMM."""
     if route == precision_mod.SPLIT_FP32:
         return fused.split_matmul(_k_major(grad_y), _k_major(x))
-    if route == precision_mod.TF32:
-        with precision_mod.float32_matmul_precision("high"):
-            return grad_y.t() @ x
     if route == precision_mod.NATIVE_16BIT:
         if _MM_OUT_DTYPE:
             return torch.mm(grad_y.t(), x, out_dtype=torch.float32)
         return (grad_y.t() @ x).float()
-    return grad_y.t() @ x.to(grad_y.dtype)
+    with _torch_gemm_precision(route):
+        return grad_y.t() @ x.to(grad_y.dtype)
 
 
 def _linear_scale_grads(
@@ -116,12 +119,12 @@ def _linear_scale_grads(
     s = scale.to(sum_grad_y.dtype)
     if need_w or need_s:
         G = _weight_product(route, grad_y, x)
-        if route == REFERENCE:
-            dW = torch.mul(G, s[:, None], out=torch.empty_like(weight))  # one rounding to W's dtype
-            w_dot_g = (G * weight).sum(1)  # sum_m grad_y acc, without forming acc
+        if route != REFERENCE:
+            dW, w_dot_g = fused.weight_grads(G, _operand(weight), _operand(scale))  # both in one pass
+            dW = dW if need_w else None
         else:
-            dW, w_dot_g = fused.weight_grads(G, _operand(weight), _operand(scale))
-        dW = dW if need_w else None
+            dW = torch.mul(G, s[:, None], out=torch.empty_like(weight)) if need_w else None  # one rounding
+            w_dot_g = (G * weight).sum(1) if need_s else None  # sum_m grad_y acc, without forming acc
         if need_s:
             ds = w_dot_g if bias is None else w_dot_g + bias.to(w_dot_g.dtype) * sum_grad_y
             if sum_grad_y_y is not None:

@@ -12,8 +12,13 @@ _INT32_LIMIT = 2**31  # the kernels index with 32-bit ints
 _ALIGNMENT = 16  # bytes: TMA tiles and 16-byte vector accesses
 
 
+def _present(weight: Tensor, vectors: dict[str, Tensor | None]) -> dict[str, Tensor]:
+    """weight and the vectors that are not None, by name."""
+    return {"weight": weight, **{name: t for name, t in vectors.items() if t is not None}}
+
+
 def _size_reason(x: Tensor, weight: Tensor, present: dict[str, Tensor]) -> str | None:
-    """None when the dtypes and sizes suit the kernels (``present``: the other tensors by name), else why not."""
+    """None when the dtypes and sizes suit the kernels (``present``: _present's tensors), else why not."""
     if x.dtype not in _FUSED_DTYPES:
         return f"dtype {x.dtype} has no fused kernel (float32, bfloat16 and float16 do)"
     for name, tensor in present.items():
@@ -41,7 +46,7 @@ def layout_reason(
     ``x`` and ``weight`` are expected contiguous already (the ops make them so); ``vectors`` maps
     names to the [N] tensors (bias, scale, gamma, beta, running stats), None entries ignored.
     """
-    present = {"weight": weight, **{name: t for name, t in vectors.items() if t is not None}}
+    present = _present(weight, vectors)
     reason = _size_reason(x, weight, present)
     if reason is not None:
         return reason
@@ -60,8 +65,7 @@ def layout_reason(
 def backward_reason(x: Tensor, weight: Tensor, vectors: dict[str, Tensor | None]) -> str | None:
     """None when the fused backward can run on the forward's saved tensors, else why not. The backward makes
     its operands contiguous and aligned itself, so only the device, dtypes and sizes matter."""
-    present = {"weight": weight, **{name: t for name, t in vectors.items() if t is not None}}
-    return fused_unavailable_reason(x) or _size_reason(x, weight, present)
+    return fused_unavailable_reason(x) or _size_reason(x, weight, _present(weight, vectors))
 
 
 def fused_plan(
