@@ -1,14 +1,16 @@
-// Backward of the normalization: the column sums over M, their merge, then dL/dy (api.h has the math).
+// Backward of the normalization and of the scale: the column sums over M, their merge, then dz = s dL/dy
+// (api.h has the math).
 //
-// One cooperative launch in four phases separated by grid-wide barriers:
+// One cooperative launch in five phases, grid-wide barriers after the first three:
 //   1. sums: every block streams its work items (column stripe x row chunk, finish_normalize's
 //      decomposition) and writes, per item and column, the sums of dout, dout d and d (d = y - mean);
 //   2. merge: each column's partials are merged once, in fp64 in a fixed order, into dbeta, dgamma,
-//      sum_grad_y and grad_y's three per-column coefficients;
-//   3. grad_y: every block streams its phase-1 items again, last rows first, so that the first rows it
-//      reads are the ones phase 1 read last and may still be in L2; it also sums grad_y d per column;
-//   4. those sums merged: sum_m grad_y y, the scale's gradient times s (python/gemmbn/backward.py).
-// dout and y are read twice (no grad_y is known before every row has been summed), grad_y written once.
+//      sum_grad_y, dbias and grad_y's three per-column coefficients;
+//   3. dz: every block streams its phase-1 items again, last rows first, so that the first rows it reads
+//      are the ones phase 1 read last and may still be in L2; it also sums grad_y d per column;
+//   4. those sums merged: dscale = sum_m grad_y y / s where s != 0;
+//   5. dscale where s = 0 (y = 0 there, z lost): sum_m grad_y (x_m . W_n + b_n) from x and the weight.
+// dout and y are read twice (no grad_y is known before every row has been summed), dz written once.
 // Sums: fp32 over a thread's kUnroll rows of a pass, fp64 over its passes, the block's threads of a column
 // in fp64 (stored as an fp32 partial per item), the items in fp64 in a fixed order.
 #include <cooperative_groups.h>
@@ -28,24 +30,30 @@ namespace cg = cooperative_groups;
 constexpr int kUnroll = 4;                             // rows per thread per pass: 8 16-byte loads in flight
 constexpr int kSums = 3;                               // phase 1: sum dout, sum dout d, sum d
 constexpr int kCoefficients = 3;                       // grad_y = c_dout dout - (c_d d + c_0)
+constexpr int kStripeTerms = kCoefficients + 2;        // phase 3's per-column terms: those, mean and s
 constexpr int kMergeColumns = 16;                      // phase 2: a block per 16 columns,
 constexpr int kMergeLanes = kThreads / kMergeColumns;  // 16 threads per column
 
 template <class T>
 struct BackwardParams {
   const T* dout;
-  const T* y;   // null: fixed statistics without dgamma
-  T* grad_y;    // null: the sums only
+  const T* y;   // null: fixed statistics, only dbeta, dbias and dz
+  T* dz;        // s grad_y; null: the column gradients only (phases 1-2)
   int64_t M;
   int N;
   const float* mean;
   const float* invstd;
   const T* gamma;
+  const T* scale;
+  const T* x;       // [M, K], with the weight and bias: z where s = 0 (phase 5)
+  const T* weight;  // [N, K]
+  const T* bias;
+  int K;
   bool batch_statistics;
   float* partials;         // [kSums][chunks][N]; phase 3 reuses [0]
   float* coefficients;     // [kCoefficients][N]
   double* sum_grad_y_fp64;  // [N]
-  float *dgamma, *dbeta, *sum_grad_y, *sum_grad_y_y;
+  T *dgamma, *dbeta, *dbias, *dscale;  // null: not computed
   int stripes;
   int64_t rows_per_chunk;
   int items, chunks;  // items = stripes x chunks
@@ -165,7 +173,7 @@ __device__ bool merged_totals(BackwardParams<T> const& p, int slot, int col, dou
 }
 
 // Phase 2, per column, from the chunks' sums S0 (dout), S1 (dout d), S2 (d):
-//   dbeta = S0,  dgamma = invstd S1,  c_dout = a = gamma invstd
+//   dbeta = S0,  dgamma = invstd S1,  c_dout = a = gamma invstd,  dbias = s sum_grad_y
 //   batch statistics: c_d = a invstd dgamma / M,  c_0 = a dbeta / M,  sum_grad_y = -c_d S2
 //   fixed statistics: c_d = c_0 = 0,                                  sum_grad_y = a dbeta
 template <class T>
@@ -183,9 +191,9 @@ __device__ void merge_columns(BackwardParams<T> const& p) {
       c_0 = a * dbeta / rows;
       sum_grad_y = -c_d * total[2];
     }
-    p.dbeta[col] = static_cast<float>(dbeta);
-    p.dgamma[col] = static_cast<float>(dgamma);
-    p.sum_grad_y[col] = static_cast<float>(sum_grad_y);
+    if (p.dbeta) p.dbeta[col] = from_float<T>(static_cast<float>(dbeta));
+    if (p.dgamma) p.dgamma[col] = from_float<T>(static_cast<float>(dgamma));
+    if (p.dbias) p.dbias[col] = from_float<T>(static_cast<float>(load_or(p.scale, col, 1.0) * sum_grad_y));
     p.sum_grad_y_fp64[col] = sum_grad_y;
     p.coefficients[col] = static_cast<float>(a);
     p.coefficients[p.N + col] = static_cast<float>(c_d);
@@ -194,16 +202,16 @@ __device__ void merge_columns(BackwardParams<T> const& p) {
 }
 
 // Phase 3, per work item (phase 1's, in reverse: last items and last rows first):
-//   grad_y = c_dout dout - (c_d d + c_0)   in fp32, rounded once to T (eager's order: the centred terms first)
-// and, where y is given, the item's sums of grad_y d (fp32 grad_y, before its rounding) into partials [0].
+//   grad_y = c_dout dout - (c_d d + c_0),  dz = s grad_y   in fp32, rounded once to T
+// and, where dscale is asked for, the item's sums of grad_y d (fp32, before the scale) into partials [0].
 template <class T>
-__device__ void write_grad_y(BackwardParams<T> const& p) {
+__device__ void write_dz(BackwardParams<T> const& p) {
   using Vec = Vector16<T>;
   constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
-  __shared__ float stripe_terms[kCoefficients + 1][kCols];  // c_dout, c_d, c_0, mean
+  __shared__ float stripe_terms[kStripeTerms][kCols];  // c_dout, c_d, c_0, mean, s
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
-  const bool with_y = p.y != nullptr;
+  const bool with_y = p.y != nullptr, with_sums = p.dscale != nullptr;
   const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
   const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
   for (int item = last_item; item >= 0; item -= blocks) {  // uniform across the block
@@ -216,18 +224,19 @@ __device__ void write_grad_y(BackwardParams<T> const& p) {
 #pragma unroll
       for (int k = 0; k < kCoefficients; ++k) stripe_terms[k][threadIdx.x] = valid ? p.coefficients[k * p.N + col] : 0.f;
       stripe_terms[kCoefficients][threadIdx.x] = valid && with_y ? p.mean[col] : 0.f;
+      stripe_terms[kCoefficients + 1][threadIdx.x] = valid ? static_cast<float>(load_or(p.scale, col, 1.0)) : 0.f;
     }
     __syncthreads();
 
     const int vector_col = col0 + lane * V;
     double sums[1][V] = {};
     if (vector_col < p.N) {
-      float c_dout[V], c_d[V], c_0[V], mean[V];
+      float c_dout[V], c_d[V], c_0[V], mean[V], scale[V];
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const int c = lane * V + i;
         c_dout[i] = stripe_terms[0][c], c_d[i] = stripe_terms[1][c], c_0[i] = stripe_terms[2][c];
-        mean[i] = stripe_terms[kCoefficients][c];
+        mean[i] = stripe_terms[kCoefficients][c], scale[i] = stripe_terms[kCoefficients + 1][c];
       }
       const int64_t row_begin = chunk * p.rows_per_chunk, row_end = min(p.M, row_begin + p.rows_per_chunk);
       for (int64_t pass = (row_end - row_begin + kPassRows - 1) / kPassRows - 1; pass >= 0; --pass) {
@@ -244,43 +253,85 @@ __device__ void write_grad_y(BackwardParams<T> const& p) {
             const float d = with_y ? v[u].get(i) - mean[i] : 0.f;
             const float grad = fmaf(c_dout[i], g[u].get(i), -fmaf(c_d[i], d, c_0[i]));
             pass_sums[i] = fmaf(grad, d, pass_sums[i]);
-            g[u].set(i, grad);
+            g[u].set(i, grad * scale[i]);
           }
-          g[u].store(p.grad_y + row * p.N + vector_col);
+          g[u].store(p.dz + row * p.N + vector_col);
         }
 #pragma unroll
         for (int i = 0; i < V; ++i) sums[0][i] += pass_sums[i];
       }
     }
-    if (with_y) store_item_sums<1>(p, 0, stripe, chunk, sums);
+    if (with_sums) store_item_sums<1>(p, 0, stripe, chunk, sums);
   }
 }
 
-// Phase 4, per column: sum_grad_y_y = sum_m grad_y y = (sum grad_y d) + mean sum_grad_y, in fp64.
+// Phase 4, per column with s != 0: dscale = sum_m grad_y z = (sum grad_y d + mean sum_grad_y) / s, in fp64.
 template <class T>
-__device__ void merge_grad_y_y(BackwardParams<T> const& p) {
+__device__ void merge_dscale(BackwardParams<T> const& p) {
   const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
     const int col = group * kMergeColumns + static_cast<int>(threadIdx.x) % kMergeColumns;
     double total[1];
     if (!merged_totals<1>(p, 0, col, total)) continue;
-    p.sum_grad_y_y[col] = static_cast<float>(total[0] + double(p.mean[col]) * p.sum_grad_y_fp64[col]);
+    const double s = to_float(p.scale[col]);
+    if (s != 0) p.dscale[col] = from_float<T>(static_cast<float>((total[0] + double(p.mean[col]) * p.sum_grad_y_fp64[col]) / s));
   }
 }
 
-// batch_norm_backward: the four phases, a grid barrier after each but the last (the same for every block).
+// Phase 5, per column with s = 0: dscale = sum_m grad_y (x_m . W_n + b_n), grad_y as phase 3 makes it, the dot
+// in fp64 (each product exact), a thread per row, the block's threads added in a fixed order. M x K work per
+// such column, none for the others: a scale that is exactly 0 is rare, and keeping z for it would cost every
+// call an M x N tensor.
+template <class T>
+__device__ void zero_scale_dscale(BackwardParams<T> const& p) {
+  using Vec = Vector16<T>;
+  constexpr int V = Vec::kSize;
+  __shared__ double thread_sums[kThreads];
+  for (int col = blockIdx.x; col < p.N; col += gridDim.x) {
+    if (to_float(p.scale[col]) != 0.f) continue;  // uniform across the block
+    const float c_dout = p.coefficients[col], c_d = p.coefficients[p.N + col], c_0 = p.coefficients[2 * p.N + col];
+    const float mean = p.mean[col];
+    const double bias = load_or(p.bias, col, 0.0);
+    const T* w = p.weight + int64_t(col) * p.K;
+    double sum = 0;
+    for (int64_t m = threadIdx.x; m < p.M; m += kThreads) {
+      const T* x = p.x + m * p.K;
+      double dot = bias;
+      for (int k = 0; k < p.K; k += V) {
+        Vec xv, wv;
+        xv.load(x + k), wv.load(w + k);
+#pragma unroll
+        for (int i = 0; i < V; ++i) dot = fma(double(xv.get(i)), double(wv.get(i)), dot);
+      }
+      const float d = to_float(p.y[m * p.N + col]) - mean;
+      const float grad = fmaf(c_dout, to_float(p.dout[m * p.N + col]), -fmaf(c_d, d, c_0));
+      sum = fma(double(grad), dot, sum);
+    }
+    thread_sums[threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double total = 0;
+      for (int t = 0; t < kThreads; ++t) total += thread_sums[t];  // fixed order
+      p.dscale[col] = from_float<T>(static_cast<float>(total));
+    }
+    __syncthreads();  // thread_sums is reused by the next column
+  }
+}
+
+// batch_norm_backward: the phases, a grid barrier after each of the first three (the same for every block).
 template <class T>
 __global__ void __launch_bounds__(kThreads, 2) batch_norm_backward_kernel(BackwardParams<T> p) {
   column_sums(p);
   cg::this_grid().sync();  // orders phase 1's partials before phase 2's reads
   merge_columns(p);
-  if (p.grad_y == nullptr) return;
+  if (p.dz == nullptr) return;
   cg::this_grid().sync();  // orders phase 2's coefficients before phase 3's reads (and phase 2's reads of
                            // the partials before phase 3 writes over them)
-  write_grad_y(p);
-  if (p.y == nullptr) return;
+  write_dz(p);
+  if (p.dscale == nullptr) return;
   cg::this_grid().sync();  // orders phase 3's partials before phase 4's reads
-  merge_grad_y_y(p);
+  merge_dscale(p);         // phases 4 and 5 write disjoint columns
+  zero_scale_dscale(p);
 }
 
 // The launch's shape and workspace: finish_normalize's work items over the resident blocks.
@@ -312,12 +363,15 @@ Status check(const BatchNormBackwardArgs& a) {
   if (a.M < 1 || a.N < 1) return Status::invalid("M and N must be positive");
   if (a.batch_statistics && a.M < 2) return Status::invalid("batch statistics need M >= 2 rows");
   if (a.N % (16 / dtype_size(a.dtype)) != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype");
-  if (!a.dout || !a.mean || !a.invstd || !a.dgamma || !a.dbeta || !a.sum_grad_y || !a.sum_grad_y_y) {
-    return Status::invalid("dout, mean, invstd, dgamma, dbeta, sum_grad_y and sum_grad_y_y are required");
-  }
+  if (!a.dout || !a.mean || !a.invstd || !a.scale) return Status::invalid("dout, mean, invstd and scale are required");
   if (a.batch_statistics && !a.y) return Status::invalid("batch statistics need y (the saved pre-normalization tensor)");
-  for (const void* p : {a.dout, a.y, static_cast<const void*>(a.grad_y), static_cast<const void*>(a.workspace)}) {
-    if (p && !is_aligned16(p)) return Status::invalid("dout, y, grad_y and workspace must be 16-byte aligned");
+  if (a.dgamma && !a.y) return Status::invalid("dgamma needs y (the saved pre-normalization tensor)");
+  if (a.dscale && !(a.dz && a.y && a.x && a.weight)) return Status::invalid("dscale needs dz, y, x and weight");
+  if (a.dscale && (a.K < 1 || a.K % (16 / dtype_size(a.dtype)) != 0)) {
+    return Status::invalid("dscale needs K positive and a multiple of 16 bytes of the dtype");
+  }
+  for (const void* p : {a.dout, a.y, a.x, a.weight, static_cast<const void*>(a.dz), static_cast<const void*>(a.workspace)}) {
+    if (p && !is_aligned16(p)) return Status::invalid("dout, y, dz, x, weight and workspace must be 16-byte aligned");
   }
   return Status::success();
 }
@@ -345,12 +399,14 @@ Status batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) 
       return Status::invalid("workspace is smaller than batch_norm_backward_workspace_bytes");
     }
     float* partials = static_cast<float*>(a.workspace);
-    BackwardParams<T> p{static_cast<const T*>(a.dout), static_cast<const T*>(a.y), static_cast<T*>(a.grad_y), a.M, a.N,
-                        a.mean, a.invstd, static_cast<const T*>(a.gamma), a.batch_statistics, partials,
-                        partials + int64_t(kSums) * plan.chunks * a.N,
+    BackwardParams<T> p{static_cast<const T*>(a.dout), static_cast<const T*>(a.y), static_cast<T*>(a.dz), a.M, a.N,
+                        a.mean, a.invstd, static_cast<const T*>(a.gamma), static_cast<const T*>(a.scale),
+                        static_cast<const T*>(a.x), static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), a.K,
+                        a.batch_statistics, partials, partials + int64_t(kSums) * plan.chunks * a.N,
                         reinterpret_cast<double*>(partials + (int64_t(kSums) * plan.chunks + kCoefficients) * a.N),
-                        a.dgamma, a.dbeta, a.sum_grad_y, a.sum_grad_y_y,
-                        plan.work.stripes, plan.work.rows_per_chunk, static_cast<int>(plan.work.items), plan.chunks};
+                        static_cast<T*>(a.dgamma), static_cast<T*>(a.dbeta), static_cast<T*>(a.dbias),
+                        static_cast<T*>(a.dscale), plan.work.stripes, plan.work.rows_per_chunk,
+                        static_cast<int>(plan.work.items), plan.chunks};
     void* kernel_args[] = {&p};
     cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&batch_norm_backward_kernel<T>),
                                                 dim3(plan.blocks), dim3(kThreads), kernel_args, 0, stream);

@@ -449,8 +449,10 @@ NB_MODULE(_C, m) {
      "Bytes of workspace batch_norm_backward needs for [M, N] of dtype on the current device.");
 
   m.def("batch_norm_backward",
-        [](Array dout, OptionalArray y, OptionalArray grad_y, Array mean, Array invstd, OptionalArray gamma,
-           bool batch_statistics, Array workspace, Array column_grads, std::uintptr_t stream) {
+        [](Array dout, OptionalArray y, OptionalArray dz, Array mean, Array invstd, OptionalArray gamma, Array scale,
+           OptionalArray x, OptionalArray weight, OptionalArray bias, bool batch_statistics, Array workspace,
+           OptionalArray dgamma, OptionalArray dbeta, OptionalArray dbias, OptionalArray dscale,
+           std::uintptr_t stream) {
           if (dout.ndim() != 2) fail("dout must be 2-D");
           gemmbn::BatchNormBackwardArgs a;
           a.dtype = dtype_of(dout, "dout");
@@ -459,57 +461,48 @@ NB_MODULE(_C, m) {
           a.N = checked_int(dout.shape(1), "N");
           check(dout, "dout", {a.M, a.N}, dt);
           if (y) check(*y, "y", {a.M, a.N}, dt);
-          if (grad_y) check(*grad_y, "grad_y", {a.M, a.N}, dt);
+          if (dz) check(*dz, "dz", {a.M, a.N}, dt);
           check(mean, "mean", {a.N}, "float32");
           check(invstd, "invstd", {a.N}, "float32");
+          if (x) {
+            if (x->ndim() != 2) fail("x must be 2-D, got shape " + shape_string(*x));
+            a.K = checked_int(x->shape(1), "K");
+            check(*x, "x", {a.M, a.K}, dt);
+            a.x = x->data();
+          }
+          if (weight) {
+            check(*weight, "weight", {a.N, a.K}, dt);
+            a.weight = weight->data();
+          }
           if (workspace.ndim() != 1) fail("workspace must be 1-D, got shape " + shape_string(workspace));
           check(workspace, "workspace", {int64_t(workspace.shape(0))}, "uint8");
-          check(column_grads, "column_grads", {4, a.N}, "float32");
           a.dout = dout.data();
           a.y = y ? y->data() : nullptr;
-          a.grad_y = grad_y ? grad_y->data() : nullptr;
+          a.dz = dz ? dz->data() : nullptr;
           a.mean = static_cast<const float*>(mean.data());
           a.invstd = static_cast<const float*>(invstd.data());
           a.gamma = optional_vector(gamma, "gamma", a.N, dt);
+          check(scale, "scale", {a.N}, dt);
+          a.scale = scale.data();
+          a.bias = optional_vector(bias, "bias", a.N, dt);
           a.batch_statistics = batch_statistics;
           a.workspace = workspace.data();
           a.workspace_bytes = workspace.shape(0);
-          a.dbeta = static_cast<float*>(column_grads.data());
-          a.dgamma = a.dbeta + a.N;
-          a.sum_grad_y = a.dgamma + a.N;
-          a.sum_grad_y_y = a.sum_grad_y + a.N;
+          a.dgamma = const_cast<void*>(optional_vector(dgamma, "dgamma", a.N, dt));
+          a.dbeta = const_cast<void*>(optional_vector(dbeta, "dbeta", a.N, dt));
+          a.dbias = const_cast<void*>(optional_vector(dbias, "dbias", a.N, dt));
+          a.dscale = const_cast<void*>(optional_vector(dscale, "dscale", a.N, dt));
           raise_on_error(gemmbn::batch_norm_backward(a, as_stream(stream)));
         },
-        nb::arg("dout"), nb::arg("y").none(), nb::arg("grad_y").none(), nb::arg("mean"), nb::arg("invstd"),
-        nb::arg("gamma").none(), nb::arg("batch_statistics"), nb::arg("workspace"), nb::arg("column_grads"),
-        nb::arg("stream"),
-        "Backward of the normalization (api.h): grad_y = dL/dy (None: the column sums only) and column_grads\n"
-        "(float32 [4, N]: dbeta, dgamma, sum_m grad_y, sum_m grad_y y (not written without y or grad_y)) from\n"
-        "dout and the saved y (None only with fixed\n"
-        "statistics, then dgamma is 0), mean and invstd (float32 [N]; the running ones when not batch_statistics).\n"
+        nb::arg("dout"), nb::arg("y").none(), nb::arg("dz").none(), nb::arg("mean"), nb::arg("invstd"),
+        nb::arg("gamma").none(), nb::arg("scale"), nb::arg("x").none(), nb::arg("weight").none(),
+        nb::arg("bias").none(), nb::arg("batch_statistics"), nb::arg("workspace"), nb::arg("dgamma").none(),
+        nb::arg("dbeta").none(), nb::arg("dbias").none(), nb::arg("dscale").none(), nb::arg("stream"),
+        "Backward of the normalization and the scale (api.h): dz = scale dL/dy [M, N] (None: not written) and\n"
+        "the [N] gradients dgamma, dbeta, dbias, dscale (each None: not computed), all in dout's dtype, from dout,\n"
+        "the saved y (None only with fixed statistics and neither dgamma nor dscale), mean and invstd (float32\n"
+        "[N]; the running ones when not batch_statistics); x [M, K] and weight [N, K] for dscale where scale is 0.\n"
         "workspace: uint8, batch_norm_backward_workspace_bytes(...) bytes or more.");
-
-  m.def("weight_grads",
-        [](Array g, Array weight, Array scale, Array dweight, Array w_dot_g, std::uintptr_t stream) {
-          if (weight.ndim() != 2) fail("weight must be 2-D");
-          gemmbn::WeightGradsArgs a;
-          a.dtype = dtype_of(weight, "weight");
-          const std::string dt = dtype_string(a.dtype);
-          a.N = checked_int(weight.shape(0), "N");
-          a.K = checked_int(weight.shape(1), "K");
-          check(g, "g", {a.N, a.K}, "float32");
-          check(weight, "weight", {a.N, a.K}, dt);
-          check(scale, "scale", {a.N}, dt);
-          check(dweight, "dweight", {a.N, a.K}, dt);
-          check(w_dot_g, "w_dot_g", {a.N}, "float32");
-          a.g = static_cast<const float*>(g.data());
-          a.weight = weight.data(), a.scale = scale.data(), a.dweight = dweight.data();
-          a.w_dot_g = static_cast<float*>(w_dot_g.data());
-          raise_on_error(gemmbn::weight_grads(a, as_stream(stream)));
-        },
-        nb::arg("g"), nb::arg("weight"), nb::arg("scale"), nb::arg("dweight"), nb::arg("w_dot_g"), nb::arg("stream"),
-        "From g = grad_y^T x (float32 [N, K]): dweight = scale[:, None] g (weight's dtype) and\n"
-        "w_dot_g = sum_k weight g (float32 [N]), in one pass.");
 
   m.def("fold_eval_affine",
         [](OptionalArray gamma, OptionalArray beta, Array running_mean, Array running_var, double eps, Array gain,

@@ -5,16 +5,15 @@ Forward: z = x W^T + b, y = z s, xhat = (y - mean) invstd, out = xhat g + beta, 
     dbeta = sum dout,   dgamma = sum dout xhat
     grad_y = dL/dy = g invstd (dout - dbeta / M - xhat dgamma / M)       eval: g invstd dout
     sum_grad_y = sum_m grad_y                                              (closed form in kernels' api.h)
-and with G = grad_y^T x (float32 [N, K]):
-    dx = grad_y (s W),   dW = s G,   db = s sum_grad_y,   ds = sum_m grad_y z = (sum_m grad_y y) / s
-                                                           (s = 0: sum_k W G + b sum_grad_y)
-The GEMMs take grad_y, not dz = s grad_y: ds needs z, which y = z s loses where s = 0, while G keeps it;
-so every gradient is exact at s = 0, and s multiplies the N x K operands instead of an M x N one.
+    dz = s grad_y,   dx = dz W,   dW = dz^T x,   db = s sum_grad_y,   ds = sum_m grad_y z
+ds needs z, which y = z s keeps only where s != 0: there ds = (sum_m grad_y y) / s; where s = 0 the fused
+kernel makes z from x and W for those columns alone, and the PyTorch route uses G = grad_y^T x instead of dz
+(dW = s G, ds = sum_k W G + b sum_grad_y): it keeps z everywhere at the price of N x K passes.
 
 Fused route (sm90 GPU, the extension, fused dtypes and sizes): gemmbn._C.batch_norm_backward reads dout
-and y twice and writes grad_y once in the GEMMs' operand dtype; the two GEMMs run in the forward's
-precision: bf16/fp16 tensor cores (cuBLAS) with float32 accumulation, TF32 (cuBLAS) for "high" and
-"medium", the fp32-faithful split GEMM (gemmbn's own) for "highest". Elsewhere the same math in PyTorch
+and y twice and writes dz once in the GEMMs' operand dtype, with every [N] gradient; the two GEMMs run in
+the forward's precision: bf16/fp16 tensor cores (cuBLAS) with float32 accumulation, TF32 (cuBLAS) for "high"
+and "medium", the fp32-faithful split GEMM (gemmbn's own) for "highest". Elsewhere the G form in PyTorch
 ops, in float32 (float64 for float64 data), with the GEMMs at PyTorch's own precision setting.
 """
 
@@ -34,8 +33,6 @@ from .reference import linear_scale, statistics_dtype
 REFERENCE = "reference"  # the GEMM route of the PyTorch fallback
 # GEMMBN_FUSED_BACKWARD=0 runs every backward on the PyTorch route (A/B runs, or to rule the kernels out).
 FUSED = os.environ.get("GEMMBN_FUSED_BACKWARD", "1") != "0"
-# torch.mm(a, b, out_dtype) (bf16/fp16 in, float32 out) is in torch >= 2.9; before, the product is rounded first.
-_MM_OUT_DTYPE = "out_dtype" in (torch.mm.__doc__ or "")
 
 
 def _normalization_grads_reference(
@@ -63,13 +60,16 @@ def _operand(t: Tensor) -> Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _k_major(t: Tensor) -> Tensor:
-    """t [M, C] as a contiguous [C, M'] float32 copy, M' = M rounded up to a multiple of 4 with zero columns:
-    the split GEMM's operand layout when M is the reduction (16-byte rows)."""
-    M, C = t.shape
-    padded = -(-M // 4) * 4
-    out = t.new_empty((C, padded)) if padded == M else t.new_zeros((C, padded))
-    out[:, :M].copy_(t.t())
+def _padded_rows(t: Tensor) -> Tensor:
+    """t [R, C] as a contiguous float32 [R, C'], C' = C rounded up to a multiple of 4 with zero columns: the split
+    GEMM's operand layout (16-byte rows along the reduction)."""
+    R, C = t.shape
+    padded = -(-C // 4) * 4
+    if padded == C:
+        return _operand(t)
+    out = t.new_empty((R, padded))
+    out[:, :C].copy_(t)
+    out[:, C:].zero_()
     return out
 
 
@@ -79,54 +79,50 @@ def _torch_gemm_precision(route: str):
     return precision_mod.float32_matmul_precision("high") if route == precision_mod.TF32 else contextlib.nullcontext()
 
 
-def _dx(route: str, grad_y: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
-    """dx = grad_y (s W) [M, K] on the route's GEMM."""
+def _matmul(route: str, a: Tensor, b: Tensor) -> Tensor:
+    """a @ b on the fused route's GEMM: cuBLAS (16-bit with float32 accumulation, or TF32), or the fp32-faithful
+    split GEMM for "highest" (its operands: both with the reduction along rows)."""
     if route == precision_mod.SPLIT_FP32:
-        N, K = weight.shape
-        scaled_weight_t = torch.mul(weight.t(), scale, out=weight.new_empty((K, N)))  # (s W)^T, one pass
-        return fused.split_matmul(grad_y, scaled_weight_t)
-    scaled_weight = weight.to(grad_y.dtype) * scale.to(grad_y.dtype)[:, None]
+        return fused.split_matmul(_padded_rows(a), _padded_rows(b.t()))
     with _torch_gemm_precision(route):
-        return grad_y @ scaled_weight
+        return a @ b
 
 
-def _weight_product(route: str, grad_y: Tensor, x: Tensor) -> Tensor:
-    """G = grad_y^T x [N, K] in float32 (float64 for float64 data) on the route's GEMM."""
-    if route == precision_mod.SPLIT_FP32:
-        return fused.split_matmul(_k_major(grad_y), _k_major(x))
-    if route == precision_mod.NATIVE_16BIT:
-        if _MM_OUT_DTYPE:
-            return torch.mm(grad_y.t(), x, out_dtype=torch.float32)
-        return (grad_y.t() @ x).float()
-    with _torch_gemm_precision(route):
-        return grad_y.t() @ x.to(grad_y.dtype)
+def _fused_grads(
+    route: str, dout: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gamma: Tensor | None,
+    y: Tensor | None, mean: Tensor, invstd: Tensor, batch_statistics: bool, needs: list[bool],
+) -> tuple[Tensor | None, ...]:
+    """(dx, dW, db, ds, dgamma, dbeta) on the fused route: the kernel for dz and the [N] gradients, two GEMMs."""
+    need_x, need_w, need_b, need_s, need_gamma, need_beta = needs
+    x, weight, scale = _operand(x), _operand(weight), _operand(scale)
+    bias, gamma = (None if t is None else _operand(t) for t in (bias, gamma))
+    dz, dgamma, dbeta, db, ds = fused.batch_norm_backward(
+        _operand(dout.to(x.dtype)), y, mean.float(), invstd.float(), gamma, scale, x, weight, bias, batch_statistics,
+        (need_x or need_w or need_s, need_gamma, need_beta, need_b, need_s),
+    )  # fmt: skip
+    dx = _matmul(route, dz, weight) if need_x else None
+    dW = _matmul(route, dz.t(), x) if need_w else None
+    return dx, dW, db, ds, dgamma, dbeta
 
 
-def _linear_scale_grads(
-    route: str, grad_y: Tensor, sum_grad_y: Tensor, sum_grad_y_y: Tensor | None, x: Tensor, weight: Tensor,
+def _reference_grads(
+    grad_y: Tensor, sum_grad_y: Tensor, sum_grad_y_y: Tensor | None, x: Tensor, weight: Tensor,
     bias: Tensor | None, scale: Tensor, needs: list[bool],
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
-    """(dx, dW, db, ds) from grad_y and its column sums (module docstring); None where not needed.
-
-    ds = sum_m grad_y z comes from sum_grad_y_y / s (sum_m grad_y y, summed by the kernel in fp32/fp64 from
-    grad_y before its rounding) where s != 0 and y was at hand, and from G where s = 0 (y = 0 there: z is
-    lost) or y was not: G's own operand roundings (TF32's 2^-11) would double ds's error against eager's.
-    """
+    """(dx, dW, db, ds) in PyTorch ops from grad_y and its column sums (the G form of the module docstring);
+    None where not needed. ds comes from sum_grad_y_y / s where s != 0 and y was at hand (G's own roundings,
+    TF32's 2^-11, would double ds's error against eager's), from G where s = 0 or y was not."""
     need_x, need_w, need_b, need_s = needs[:4]
     dx = dW = db = ds = None
-    if need_x:
-        dx = _dx(route, grad_y, weight, scale).to(x.dtype)
     s = scale.to(sum_grad_y.dtype)
+    if need_x:
+        dx = (grad_y @ (weight.to(grad_y.dtype) * s[:, None])).to(x.dtype)
     if need_w or need_s:
-        G = _weight_product(route, grad_y, x)
-        if route != REFERENCE:
-            dW, w_dot_g = fused.weight_grads(G, _operand(weight), _operand(scale))  # both in one pass
-            dW = dW if need_w else None
-        else:
-            dW = torch.mul(G, s[:, None], out=torch.empty_like(weight)) if need_w else None  # one rounding
-            w_dot_g = (G * weight).sum(1) if need_s else None  # sum_m grad_y acc, without forming acc
+        G = grad_y.t() @ x.to(grad_y.dtype)
+        dW = torch.mul(G, s[:, None], out=torch.empty_like(weight)) if need_w else None  # one rounding
         if need_s:
-            ds = w_dot_g if bias is None else w_dot_g + bias.to(w_dot_g.dtype) * sum_grad_y
+            ds = (G * weight).sum(1)  # sum_m grad_y acc, without forming acc
+            ds = ds if bias is None else ds + bias.to(ds.dtype) * sum_grad_y
             if sum_grad_y_y is not None:
                 ds = torch.where(s != 0, sum_grad_y_y.to(ds.dtype) / s, ds)
             ds = ds.to(scale.dtype)
@@ -176,27 +172,20 @@ def linear_scale_bn_backward(
         return (None,) * 5 + (dbeta,)
     y = pre_norm if pre_norm.numel() else None
     route = _route(x, weight, {"bias": bias, "scale": scale, "gamma": gamma, "pre_norm": y}, precision)
-    if y is None and (needs[4] or batch_statistics):  # xhat is needed: y was not kept, make it again
+    # xhat is needed, or (fused) y for ds: y was not kept (eval), make it again.
+    if y is None and (needs[4] or batch_statistics or (needs[3] and route != REFERENCE)):
         if route == REFERENCE:
             y = linear_scale(x, weight, bias, scale)
         else:
             y = fused.linear_scale(*(None if t is None else _operand(t) for t in (x, weight, bias, scale)), route)
-    if route == REFERENCE:
-        grad_y, dbeta, dgamma, sum_grad_y, sum_grad_y_y = _normalization_grads_reference(
-            dout, y, mean, invstd, gamma, batch_statistics
-        )
-    else:
-        dout = _operand(dout.to(x.dtype))
-        gamma_vector = None if gamma is None else gamma.contiguous()
-        grad_y, column_grads = fused.batch_norm_backward(
-            dout, y, mean.float(), invstd.float(), gamma_vector, batch_statistics, need_grad_y
-        )
-        dbeta, dgamma, sum_grad_y, sum_grad_y_y = column_grads
-        sum_grad_y_y = sum_grad_y_y if y is not None else None
+    if route != REFERENCE:
+        return _fused_grads(route, dout, x, weight, bias, scale, gamma, y, mean, invstd, batch_statistics, needs)
+    grad_y, dbeta, dgamma, sum_grad_y, sum_grad_y_y = _normalization_grads_reference(
+        dout, y, mean, invstd, gamma, batch_statistics
+    )
     grads = (None,) * 4
     if need_grad_y:
-        grads = _linear_scale_grads(route, grad_y, sum_grad_y, sum_grad_y_y, x, weight, bias, scale, needs)
-    # Copies: the vectors may be views of one scratch array, and an operator's outputs must not alias.
-    dgamma = dgamma.to(gamma.dtype, copy=True) if needs[4] else None
-    dbeta = dbeta.to(beta.dtype, copy=True) if needs[5] else None
+        grads = _reference_grads(grad_y, sum_grad_y, sum_grad_y_y, x, weight, bias, scale, needs)
+    dgamma = dgamma.to(gamma.dtype) if needs[4] else None
+    dbeta = dbeta.to(beta.dtype) if needs[5] else None
     return (*grads, dgamma, dbeta)

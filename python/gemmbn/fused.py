@@ -196,27 +196,32 @@ def batch_norm_backward(
     mean: Tensor,
     invstd: Tensor,
     gamma: Tensor | None,
+    scale: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
     batch_statistics: bool,
-    need_grad_y: bool,
-) -> tuple[Tensor | None, Tensor]:
-    """(grad_y = dL/dy in dout's dtype or None, float32 [4, N] of dbeta, dgamma, sum_m grad_y and
-    sum_m grad_y y): api.h's math.
+    outputs: tuple[bool, bool, bool, bool, bool],
+) -> tuple[Tensor | None, ...]:
+    """(dz = s dL/dy [M, N], dgamma, dbeta, dbias, dscale), each in dout's dtype where ``outputs`` (ordered so)
+    asks for it, else None: api.h's math, one launch.
 
-    dout and y: contiguous [M, N], 16-byte aligned; mean, invstd: float32 [N] (the running statistics
-    when not ``batch_statistics``); y may be None only then (dgamma is then 0, sum_m grad_y y not written).
+    Tensors contiguous and 16-byte aligned, of dout's dtype but mean and invstd (float32 [N]: the running
+    statistics when not ``batch_statistics``); y may be None only then, and neither dgamma nor dscale asked for.
     """
     _C = extension()
     M, N = dout.shape
-    grad_y = torch.empty_like(dout) if need_grad_y else None
-    column_grads = torch.empty((4, N), dtype=torch.float32, device=dout.device)
+    need_dz, need_dgamma, need_dbeta, need_dbias, need_dscale = outputs
+    dz = torch.empty_like(dout) if need_dz else None
+    dgamma, dbeta, dbias, dscale = (dout.new_empty(N) if need else None for need in outputs[1:])
     with _on_device(dout) as stream:
         size = _backward_workspace_bytes(_DTYPE_NAMES[dout.dtype], M, N, dout.device.index)
         workspace = torch.empty(size, dtype=torch.uint8, device=dout.device)
         _C.batch_norm_backward(
-            _dl(dout), _dl(y), _dl(grad_y), _dl(mean), _dl(invstd), _dl(gamma), batch_statistics, _dl(workspace),
-            _dl(column_grads), stream,
+            _dl(dout), _dl(y), _dl(dz), _dl(mean), _dl(invstd), _dl(gamma), _dl(scale), _dl(x), _dl(weight),
+            _dl(bias), batch_statistics, _dl(workspace), _dl(dgamma), _dl(dbeta), _dl(dbias), _dl(dscale), stream,
         )  # fmt: skip
-    return grad_y, column_grads
+    return dz, dgamma, dbeta, dbias, dscale
 
 
 def split_matmul(a: Tensor, b_rows: Tensor) -> Tensor:
@@ -233,16 +238,6 @@ def split_matmul(a: Tensor, b_rows: Tensor) -> Tensor:
             weight_split=_dl(weight_split), weight_unscale=_dl(weight_unscale), x_scale=_dl(x_scale),
         )  # fmt: skip
     return out
-
-
-def weight_grads(g: Tensor, weight: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
-    """(dweight = s g in weight's dtype, w_dot_g = sum_k weight g in float32) from g = grad_y^T x (float32
-    [N, K]), in one pass over g and weight; weight and scale contiguous, 16-byte aligned."""
-    dweight = torch.empty_like(weight)
-    w_dot_g = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
-    with _on_device(weight) as stream:
-        extension().weight_grads(_dl(g), _dl(weight), _dl(scale), _dl(dweight), _dl(w_dot_g), stream)
-    return dweight, w_dot_g
 
 
 def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gemm_kind: str) -> Tensor:

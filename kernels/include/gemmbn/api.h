@@ -156,48 +156,42 @@ Status finish_normalize_check(const FinishNormalizeArgs& args);
 // y and partials (same pointers, M, N, dtype and batches_tracked; tile_rows the GEMM row's partial_rows).
 Status train_forward(const GemmScaleStatsArgs& gemm, const FinishNormalizeArgs& finish, cudaStream_t stream);
 
-// Backward of the normalization (python/gemmbn/backward.py has the whole step), per column n over the
-// rows m, with d = y - mean and column sums in fp32 partials merged in fp64 in a fixed order:
+// Backward of the normalization and of the scale (python/gemmbn/backward.py has the whole step), per column
+// n over the rows m, with d = y - mean and column sums in fp32 partials merged in fp64 in a fixed order:
 //   dbeta = sum dout,   dgamma = invstd sum dout d,   a = gamma invstd
 //   batch statistics: grad_y = a (dout - dbeta / M - d invstd dgamma / M),  sum_grad_y = -a invstd dgamma sum d / M
 //   fixed statistics (eval; mean, invstd the running ones): grad_y = a dout,  sum_grad_y = a dbeta
-// sum_grad_y is sum_m grad_y in closed form (0 in exact arithmetic with batch statistics: BN removes the
-// mean); sum_grad_y_y = sum_m grad_y y (where y and grad_y are given; else not written), the scale's
-// gradient times s. One cooperative launch: the sums, their merge, grad_y with sum grad_y d, its merge.
+//   dz = s grad_y (the operand of both gradient GEMMs: dx = dz W, dW = dz^T x),  dbias = s sum_grad_y
+//   dscale = sum_m grad_y z: (sum_m grad_y y) / s where s != 0; sum_m grad_y (x_m . W_n + b_n) where s = 0
+// sum_grad_y is sum_m grad_y in closed form (0 in exact arithmetic with batch statistics: BN removes the mean).
+// One cooperative launch: the sums, their merge, dz with sum grad_y d, its merge, the zero-scale columns.
 struct BatchNormBackwardArgs {
-  DType dtype = DType::f32;     // of dout, y, grad_y, gamma
+  DType dtype = DType::f32;     // of every tensor but mean, invstd and the workspace
   const void* dout = nullptr;   // [M, N]
   const void* y = nullptr;      // [M, N] the saved pre-normalization tensor; null only with fixed statistics
-                                // (then dgamma is not computed: written as 0)
-  void* grad_y = nullptr;       // [M, N], or null: only the column sums
+                                // and neither dgamma nor dscale
+  void* dz = nullptr;           // [M, N], or null: no dz and no dscale
   int M = 0, N = 0;
   const float* mean = nullptr;    // [N]
   const float* invstd = nullptr;  // [N]
   const void* gamma = nullptr;    // [N], null: 1
+  const void* scale = nullptr;    // [N], required
+  // For dscale where s = 0: x [M, K], weight [N, K] (16-byte rows), bias [N] (null: 0).
+  const void* x = nullptr;
+  const void* weight = nullptr;
+  const void* bias = nullptr;
+  int K = 0;
   bool batch_statistics = true;
   void* workspace = nullptr;      // batch_norm_backward_workspace_bytes(args) bytes
   size_t workspace_bytes = 0;
-  float* dgamma = nullptr;      // [N] each
-  float* dbeta = nullptr;
-  float* sum_grad_y = nullptr;
-  float* sum_grad_y_y = nullptr;
+  void* dgamma = nullptr;  // [N] each; null: not computed
+  void* dbeta = nullptr;
+  void* dbias = nullptr;
+  void* dscale = nullptr;  // needs dz, y, x and weight
 };
 // Workspace the call needs (reads dtype, M and N; the current device's SM count sizes it).
 Status batch_norm_backward_workspace_bytes(const BatchNormBackwardArgs& args, size_t& bytes);
 Status batch_norm_backward(const BatchNormBackwardArgs& args, cudaStream_t stream);
-
-// From G = grad_y^T x (float32 [N, K]): dweight = s G (rounded once to dtype) and w_dot_g[n] = sum_k W G, the
-// scale's gradient less b sum_grad_y (python/gemmbn/backward.py uses it where s = 0).
-struct WeightGradsArgs {
-  DType dtype = DType::f32;  // of weight, scale, dweight
-  int N = 0, K = 0;
-  const float* g = nullptr;     // [N, K]
-  const void* weight = nullptr;  // [N, K]
-  const void* scale = nullptr;   // [N]
-  void* dweight = nullptr;       // [N, K]
-  float* w_dot_g = nullptr;      // [N]
-};
-Status weight_grads(const WeightGradsArgs& args, cudaStream_t stream);
 
 // Eval-mode affine folded per column: gain = gamma / sqrt(running_var + eps), shift = beta - running_mean * gain.
 struct FoldEvalAffineArgs {
