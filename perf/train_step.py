@@ -1,14 +1,15 @@
 """The training step side by side: gemmbn, eager PyTorch and torch.compile, one process, one GPU.
 
     python perf/train_step.py [--sizes "M K N;..."] [--configs fp32,tf32,bf16,fp16] [--providers ...]
-                              [--modes fwd_bwd,step] [--iters N] [--flush] [--out CSV]
+                              [--modes fwd_bwd,step] [--iters N] [--flush] [--sync] [--out CSV]
 
 Each provider trains its own copy of one seeded model (KernelBench's Model: Linear, scale, BatchNorm1d in
 training mode): gemmbn's GemmScaleBatchNorm, the reference in eager mode, and torch.compile of the
-reference (static shapes). A timed call is one step: zero the gradients, forward, backward to x's
-parameters with a fixed random cotangent (fwd_bwd), and for `step` an SGD-with-momentum update as well.
+reference (static shapes). A timed call is one step: zero the gradients, forward, backward to x and every
+parameter with a fixed random cotangent (fwd_bwd), and for `step` an SGD-with-momentum update as well.
 Calls are timed with CUDA events, the providers interleaved in rotating rounds (gemmbn.timing), back to
-back (the host never waits), or with the L2 flushed before each call (--flush). Prints a table of medians
+back (the host never waits), with the L2 flushed before each call (--flush), and/or with the GPU idle
+when each call starts (--sync: a caller that reads its loss every step sees the host's time too). Prints a table of medians
 and ratios and writes one CSV row per (shape, config, mode, provider), with the peak memory of one step.
 """
 
@@ -57,6 +58,7 @@ def _parse(argv):
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--iters", type=int, default=10, help="timed steps per provider (after 2 warm-up steps)")
     parser.add_argument("--flush", action="store_true", help="overwrite 256 MB before each timed step (evicts L2)")
+    parser.add_argument("--sync", action="store_true", help="synchronize before each timed step")
     parser.add_argument("--out", type=Path, help="CSV path")
     return parser.parse_args(argv)
 
@@ -87,9 +89,10 @@ def _models(M: int, K: int, N: int, dtype: torch.dtype, providers: list[str]) ->
 
 
 def _step(module, x: torch.Tensor, dout: torch.Tensor, optimizer):
-    """One training step (optimizer None: forward and backward only)."""
+    """One training step (optimizer None: forward and backward only); x requires its gradient."""
     def run():
         module.zero_grad(set_to_none=True)
+        x.grad = None
         module(x).backward(dout)
         if optimizer is not None:
             optimizer.step()
@@ -105,11 +108,14 @@ def _peak_mib(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def measure(M, K, N, config, modes, providers, iters, flush) -> list[dict]:
+def measure(M, K, N, config, modes, providers, iters, flush, sync) -> list[dict]:
     dtype, precision = CONFIGS[config]
     torch.set_float32_matmul_precision(precision)
+    # Every compiled copy shares ReferenceModel.forward's code: without a reset, the ninth (shape, config)
+    # meets dynamo's recompile limit and runs eagerly under the "compile" name.
+    torch._dynamo.reset()
     models = _models(M, K, N, dtype, providers)
-    x = torch.rand(M, K, device="cuda", dtype=dtype)
+    x = torch.rand(M, K, device="cuda", dtype=dtype, requires_grad=True)
     dout = torch.randn(M, N, device="cuda", dtype=dtype)
     rows = []
     for mode in modes:
@@ -119,7 +125,8 @@ def measure(M, K, N, config, modes, providers, iters, flush) -> list[dict]:
             steps[provider] = _step(module, x, dout, optimizer)
         peaks = {provider: _peak_mib(fn) for provider, fn in steps.items()}  # also the first (compiling) call
         times = timing.interleaved_ms(list(steps.values()), torch.device("cuda"), iters=iters, warmup=2,
-                                      flush=timing.flush_buffer(torch.device("cuda")) if flush else None)  # fmt: skip
+                                      flush=timing.flush_buffer(torch.device("cuda")) if flush else None,
+                                      synchronize=sync)  # fmt: skip
         medians = {provider: statistics.median(t) for provider, t in zip(steps, times)}
         for (provider, t) in zip(steps, times):
             rows.append({
@@ -159,9 +166,10 @@ def main(argv=None) -> int:
     rows = []
     for M, K, N in sizes:
         for config in args.configs.split(","):
-            rows += measure(M, K, N, config, args.modes.split(","), providers, args.iters, args.flush)
+            rows += measure(M, K, N, config, args.modes.split(","), providers, args.iters, args.flush, args.sync)
             print(table(rows[-len(providers) * len(args.modes.split(",")):], providers).splitlines()[-1], flush=True)
-    method = "L2 flushed before each step" if args.flush else "back to back"
+    method = " and ".join(m for m, on in (("L2 flushed before each step", args.flush),
+                                          ("synchronized before each step", args.sync)) if on) or "back to back"
     header = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, gemmbn {_commit()}, "
               f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}. Training step "
               f"(zero grads, forward, backward{', SGD step' if 'step' in args.modes else ''}), median ms of "

@@ -5,7 +5,8 @@ once), so that clock drift under sustained load (power, heat) falls on all of th
 starts one candidate later than the last, so that no candidate always follows the same neighbour (a
 kernel's clocks depend on the power drawn just before it); on the GPU an
 optional buffer is overwritten before every timed call (outside the events) to evict the operands
-from L2, and the host never waits between calls.
+from L2, and the host never waits between calls unless ``synchronize`` asks it to (KernelBench's harness
+does: then the host's time before the first launch is part of each call).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def _rotated_rounds(iters: int, count: int) -> Iterator[tuple[int, int]]:
 
 
 def interleaved_ms(fns: Sequence[Callable[[], object]], device: torch.device, iters: int = 10, warmup: int = 3,
-                   flush: torch.Tensor | None = None) -> list[list[float]]:
-    """Milliseconds of each of ``iters`` calls of every fn, after ``warmup`` untimed calls of each."""
+                   flush: torch.Tensor | None = None, synchronize: bool = False) -> list[list[float]]:
+    """Milliseconds of each of ``iters`` calls of every fn, after ``warmup`` untimed calls of each; with
+    ``synchronize`` the GPU is idle when each call starts."""
     for fn in fns:
         for _ in range(warmup):
             fn()
@@ -51,10 +53,12 @@ def interleaved_ms(fns: Sequence[Callable[[], object]], device: torch.device, it
         start, end = events[index][round_index]
         if flush is not None:
             flush.zero_()
+        if synchronize:
+            torch.cuda.synchronize(device)
         start.record()
         fns[index]()
         end.record()
-    torch.cuda.synchronize(device)  # one sync at the end: no host gap forced between calls
+    torch.cuda.synchronize(device)  # (without ``synchronize``, the only one: no host gap forced between calls)
     return [[start.elapsed_time(end) for start, end in fn_events] for fn_events in events]
 
 
