@@ -7,7 +7,7 @@ ragged shapes, a mean 1e3 times the spread, more column stripes than blocks, the
 The bounds and their reasons are in that file.
 """
 
-from _emulation import ROOT, build_and_run, cooperative_source
+from _emulation import ROOT, build_and_run, cooperative_source, kernels_only
 
 KERNELS = ROOT / "kernels" / "src"
 
@@ -15,3 +15,9 @@ KERNELS = ROOT / "kernels" / "src"
 def test_batch_norm_backward_on_the_cpu(tmp_path):
     sources = {"batch_norm_backward_source.cpp": cooperative_source(KERNELS / "batch_norm_backward.cu")}
     build_and_run(tmp_path, "batch_norm_backward_emulated.cpp", sources, expected_cases=9 * 3)
+
+
+def test_transpose_padded_on_the_cpu(tmp_path):
+    """The split GEMM's transposed operands: every element equal, the padding zeros (the file has the cases)."""
+    sources = {"transpose_padded_source.cpp": kernels_only(KERNELS / "transpose_padded.cu")}
+    build_and_run(tmp_path, "transpose_padded_emulated.cpp", sources, expected_cases=4)

@@ -11,11 +11,13 @@ import copy
 
 import pytest
 import torch
+from torch.utils.dlpack import to_dlpack
 from _gpu import CONFIGS, DEVICE, fused_path, model, rand_x, require_extension
 from _helpers import cotangent, float64_grads, grads, reference_copy
 from conftest import requires_sm90
 
-from gemmbn import fused
+from gemmbn import backward, fused
+from gemmbn._native import extension
 from gemmbn.precision import float32_matmul_precision
 from gemmbn.tolerances import relative_error
 
@@ -82,6 +84,18 @@ def _assert_within_eager(name, actual, eager, expected, what="", ratios=None):
 def test_gradients_within_eager_error(name, shape, training, backward_calls):
     """Gradients of x, weight, bias, scale, gamma and beta against float64 autograd of the reference module,
     no worse than eager PyTorch's in the same precision (fp32 "highest": within 2x of eager fp32)."""
+    _check_against_eager(name, shape, training, backward_calls)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_tf32_own_gemm_at_a_ragged_shape(training, backward_calls, monkeypatch):
+    """The TF32 route's own GEMM (taken for large outputs only) at a ragged M, whose transposed operands are
+    padded: forced here by dropping the size threshold."""
+    monkeypatch.setattr(backward, "OWN_TF32_MIN_OUTPUT", 0)
+    _check_against_eager("fp32-high", (1001, 512, 260), training, backward_calls)
+
+
+def _check_against_eager(name, shape, training, backward_calls):
     dtype, precision = CONFIGS[name]
     M, K, N = shape
     drop_in = model(dtype, precision, K, N)
@@ -293,3 +307,15 @@ def test_backward_does_not_synchronize(name):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert all(torch.isfinite(p.grad).all() for p in drop_in.parameters())
+
+
+@pytest.mark.parametrize("shape", [(1001, 260), (3, 4), (16384, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_transpose_padded_is_exact(shape):
+    """The split GEMM's transposed operands (fp32 "highest" backward): every element moved as is, the padding
+    columns zero, written over NaN poison."""
+    R, C = shape
+    t = torch.randn(R, C, device=DEVICE)
+    out = torch.full((C, -(-R // 4) * 4), float("nan"), device=DEVICE)
+    extension().transpose_padded(to_dlpack(t), to_dlpack(out), torch.cuda.current_stream().cuda_stream)
+    assert torch.equal(out[:, :R], t.t())
+    assert torch.equal(out[:, R:], torch.zeros_like(out[:, R:]))

@@ -504,6 +504,20 @@ NB_MODULE(_C, m) {
         "[N]; the running ones when not batch_statistics); x [M, K] and weight [N, K] for dscale where scale is 0.\n"
         "workspace: uint8, batch_norm_backward_workspace_bytes(...) bytes or more.");
 
+  m.def("transpose_padded",
+        [](Array in, Array out, std::uintptr_t stream) {
+          if (in.ndim() != 2 || out.ndim() != 2) fail("in and out must be 2-D");
+          gemmbn::TransposePaddedArgs a;
+          a.rows = in.shape(0), a.cols = in.shape(1), a.out_columns = out.shape(1);
+          check(in, "in", {a.rows, a.cols}, "float32");
+          check(out, "out", {a.cols, a.out_columns}, "float32");
+          a.in = static_cast<const float*>(in.data());
+          a.out = static_cast<float*>(out.data());
+          raise_on_error(gemmbn::transpose_padded(a, as_stream(stream)));
+        },
+        nb::arg("in"), nb::arg("out"), nb::arg("stream"),
+        "out[c, r] = in[r, c], zero for r >= in's rows: float32 [R, C] -> [C, R'] (R' >= R).");
+
   m.def("fold_eval_affine",
         [](OptionalArray gamma, OptionalArray beta, Array running_mean, Array running_var, double eps, Array gain,
            Array shift, std::uintptr_t stream) {

@@ -12,8 +12,9 @@ kernel makes z from x and W for those columns alone, and the PyTorch route uses 
 
 Fused route (sm90 GPU, the extension, fused dtypes and sizes): gemmbn._C.batch_norm_backward reads dout
 and y twice and writes dz once in the GEMMs' operand dtype, with every [N] gradient; the two GEMMs run in
-the forward's precision: bf16/fp16 tensor cores (cuBLAS) with float32 accumulation, TF32 (cuBLAS) for "high"
-and "medium", the fp32-faithful split GEMM (gemmbn's own) for "highest". Elsewhere the G form in PyTorch
+the forward's precision: bf16/fp16 tensor cores (cuBLAS) with float32 accumulation, TF32 for "high" and
+"medium" (gemmbn's own GEMM for large outputs, else cuBLAS), the fp32-faithful split GEMM (gemmbn's own) for
+"highest". Elsewhere the G form in PyTorch
 ops, in float32 (float64 for float64 data), with the GEMMs at PyTorch's own precision setting.
 """
 
@@ -60,17 +61,12 @@ def _operand(t: Tensor) -> Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
-def _padded_rows(t: Tensor) -> Tensor:
-    """t [R, C] as a contiguous float32 [R, C'], C' = C rounded up to a multiple of 4 with zero columns: the split
-    GEMM's operand layout (16-byte rows along the reduction)."""
-    R, C = t.shape
-    padded = -(-C // 4) * 4
-    if padded == C:
+def _reduction_rows(t: Tensor) -> Tensor:
+    """t [R, C] as the split GEMM reads an operand whose reduction runs along C: contiguous float32 rows, C a
+    multiple of 4 (zero columns added). A transposed view (dz^T, x^T, W^T) goes through the tiled transpose."""
+    if t.is_contiguous() and t.shape[1] % 4 == 0:
         return _operand(t)
-    out = t.new_empty((R, padded))
-    out[:, :C].copy_(t)
-    out[:, C:].zero_()
-    return out
+    return fused.transpose_padded(_operand(t.t()))
 
 
 def _torch_gemm_precision(route: str):
@@ -79,11 +75,19 @@ def _torch_gemm_precision(route: str):
     return precision_mod.float32_matmul_precision("high") if route == precision_mod.TF32 else contextlib.nullcontext()
 
 
+# The TF32 route runs a gradient GEMM on gemmbn's TF32 GEMM (after tiled transposes of its operands) where the
+# output has at least this many elements: without split-K it needs an output that fills the GPU many times
+# over, and there it beat cuBLAS by 0.2-0.7 ms per GEMM; below, cuBLAS's split-K kernels won (perf/NOTES.md v13).
+OWN_TF32_MIN_OUTPUT = 1 << 24
+
+
 def _matmul(route: str, a: Tensor, b: Tensor) -> Tensor:
-    """a @ b on the fused route's GEMM: cuBLAS (16-bit with float32 accumulation, or TF32), or the fp32-faithful
-    split GEMM for "highest" (its operands: both with the reduction along rows)."""
-    if route == precision_mod.SPLIT_FP32:
-        return fused.split_matmul(_padded_rows(a), _padded_rows(b.t()))
+    """a @ b on the fused route's GEMM: gemmbn's own (the fp32-faithful split GEMM for "highest", the TF32 one for
+    large outputs), with both operands' reduction along rows; else cuBLAS (16-bit with float32 accumulation, or
+    TF32)."""
+    own_tf32 = route == precision_mod.TF32 and a.shape[0] * b.shape[1] >= OWN_TF32_MIN_OUTPUT
+    if route == precision_mod.SPLIT_FP32 or own_tf32:
+        return fused.matmul(_reduction_rows(a), _reduction_rows(b.t()), route)
     with _torch_gemm_precision(route):
         return a @ b
 

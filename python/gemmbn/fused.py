@@ -224,9 +224,12 @@ def batch_norm_backward(
     return dz, dgamma, dbeta, dbias, dscale
 
 
-def split_matmul(a: Tensor, b_rows: Tensor) -> Tensor:
-    """a @ b_rows^T in float32 on the fp32-faithful split GEMM: a [M, K], b_rows [N, K], contiguous float32,
-    K and N multiples of 4. b_rows is split on every call (the backward's operands change every step)."""
+def matmul(a: Tensor, b_rows: Tensor, gemm_kind: str) -> Tensor:
+    """a @ b_rows^T in float32 on gemmbn's GEMM (no epilogue): a [M, K], b_rows [N, K], contiguous float32, K and
+    N multiples of 4; the fp32-faithful split GEMM or TF32. For the split GEMM b_rows is split on every call (the
+    backward's operands change every step; the weight cache would keep each one alive)."""
+    if gemm_kind != precision_mod.SPLIT_FP32:
+        return linear_scale(a, b_rows, None, None, gemm_kind)
     _C = extension()
     M, N = a.shape[0], b_rows.shape[0]
     out = a.new_empty((M, N))
@@ -240,8 +243,18 @@ def split_matmul(a: Tensor, b_rows: Tensor) -> Tensor:
     return out
 
 
-def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gemm_kind: str) -> Tensor:
-    """y = (x W^T + b) s on the fused GEMM without statistics (the eval backward's y when dgamma is needed)."""
+def transpose_padded(t: Tensor) -> Tensor:
+    """t [R, C] (contiguous float32) transposed into a new [C, R'], R' = R rounded up to a multiple of 4, the
+    columns past R zero: the split GEMM's operand where the reduction runs down t's columns."""
+    R, C = t.shape
+    out = t.new_empty((C, -(-R // 4) * 4))
+    with _on_device(t) as stream:
+        extension().transpose_padded(_dl(t), _dl(out), stream)
+    return out
+
+
+def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, gemm_kind: str) -> Tensor:
+    """y = (x W^T + b) s on the fused GEMM without statistics (the eval backward's y; scale None: 1)."""
     _C = extension()
     (M, K), N = x.shape, weight.shape[0]
     _, workspace_bytes = _plan_for(x, N, K, gemm_kind == precision_mod.SPLIT_FP32, statistics=False)

@@ -193,6 +193,16 @@ struct BatchNormBackwardArgs {
 Status batch_norm_backward_workspace_bytes(const BatchNormBackwardArgs& args, size_t& bytes);
 Status batch_norm_backward(const BatchNormBackwardArgs& args, cudaStream_t stream);
 
+// out[c, r] = in[r, c] for r < rows, 0 for rows <= r < out_columns: fp32 [rows, cols] -> [cols, out_columns], the
+// split GEMM's operand layout where the reduction runs down in's columns (python/gemmbn/backward.py).
+struct TransposePaddedArgs {
+  const float* in = nullptr;  // [rows, cols] row-major
+  int64_t rows = 0, cols = 0;
+  float* out = nullptr;       // [cols, out_columns] row-major
+  int64_t out_columns = 0;    // >= rows
+};
+Status transpose_padded(const TransposePaddedArgs& args, cudaStream_t stream);
+
 // Eval-mode affine folded per column: gain = gamma / sqrt(running_var + eps), shift = beta - running_mean * gain.
 struct FoldEvalAffineArgs {
   DType dtype = DType::f32;  // of gamma, beta, running stats
