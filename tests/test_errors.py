@@ -34,6 +34,19 @@ def test_bad_input_raises_and_mutates_nothing(make_x, error, match):
     assert_state_equal(drop_in, before)
 
 
+@pytest.mark.parametrize("make_x", [bad[0] for bad in BAD_INPUTS.values()], ids=BAD_INPUTS.keys())
+def test_errors_are_of_the_references_types(make_x):
+    """Code that catches what the reference model raises (mostly nn.Linear's RuntimeErrors) catches ours: each of
+    gemmbn's errors is an instance of the reference's exception type for the same input."""
+    reference, drop_in = make_pair(K, N)
+    x = make_x()
+    with pytest.raises(Exception) as expected:
+        reference(x)
+    with pytest.raises(Exception) as actual:
+        drop_in(x)
+    assert isinstance(actual.value, type(expected.value)), (type(actual.value), type(expected.value))
+
+
 def test_one_row_message_is_pytorchs():
     reference, drop_in = make_pair(K, N)
     x = torch.rand(1, K)

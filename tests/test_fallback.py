@@ -6,7 +6,7 @@ import pytest
 import torch
 from _helpers import make_pair
 
-from gemmbn import GemmBnFallbackWarning, _native, fallback, fused_unavailable_reason
+from gemmbn import GemmBnFallbackWarning, _native, fallback, fused_unavailable_reason, linear_scale_batch_norm
 from gemmbn.plan import layout_reason
 
 K, N = 24, 16
@@ -29,6 +29,25 @@ def test_warns_once_naming_the_reason(training):
     assert len(first) == 1
     assert "x is on cpu; the fused kernels need an sm90 (Hopper) GPU" in str(first[0].message)
     assert _fallback_warnings(lambda: drop_in(x)) == []  # second call: silent
+
+
+@pytest.mark.parametrize("call", ["module", "functional", "backward"])
+def test_warning_points_at_the_callers_line(call):
+    """The warning names the user's line that called into gemmbn, not gemmbn's or torch's own code."""
+    _, drop_in = make_pair(K, N)
+    x = torch.rand(8, K, requires_grad=True)
+    if call == "backward":  # the backward's own reason: the forward's warning is used up first
+        out = drop_in(x)
+        fallback.reset()
+        caught = _fallback_warnings(lambda: out.sum().backward())
+    elif call == "functional":
+        caught = _fallback_warnings(lambda: linear_scale_batch_norm(
+            x, drop_in.gemm.weight, drop_in.gemm.bias, drop_in.scale, drop_in.bn.weight, drop_in.bn.bias,
+            None, None, None, True, 0.1, 1e-5))  # fmt: skip
+    else:
+        caught = _fallback_warnings(lambda: drop_in(x))
+    assert len(caught) == 1
+    assert caught[0].filename == __file__, (caught[0].filename, caught[0].lineno)
 
 
 def test_each_reason_warns_once():

@@ -6,6 +6,7 @@ from torch import Tensor
 
 from . import ops
 from . import precision as precision_mod
+from .errors import GemmBnTypeError, GemmBnValueError
 from .reference import check_batch_size
 
 
@@ -13,26 +14,26 @@ def _check_vector(name: str, t: Tensor | None, num_features: int, x: Tensor) -> 
     if t is None:
         return
     if not isinstance(t, Tensor):
-        raise TypeError(f"{name} must be a Tensor or None, got {type(t).__name__}")
+        raise GemmBnTypeError(f"{name} must be a Tensor or None, got {type(t).__name__}")
     if t.shape != (num_features,):
-        raise ValueError(f"{name} must have shape ({num_features},), got {tuple(t.shape)}")
+        raise GemmBnValueError(f"{name} must have shape ({num_features},), got {tuple(t.shape)}")
     if t.device != x.device:
-        raise ValueError(f"{name} is on {t.device} but x is on {x.device}")
+        raise GemmBnValueError(f"{name} is on {t.device} but x is on {x.device}")
 
 
 def _scale_vector(scale: Tensor, num_features: int, x: Tensor) -> Tensor:
     """scale as a contiguous [N] vector; any shape that broadcasts along the N columns of y is accepted."""
     if not isinstance(scale, Tensor):
-        raise TypeError(f"scale must be a Tensor, got {type(scale).__name__}")
+        raise GemmBnTypeError(f"scale must be a Tensor, got {type(scale).__name__}")
     if scale.device != x.device:
-        raise ValueError(f"scale is on {scale.device} but x is on {x.device}")
+        raise GemmBnValueError(f"scale is on {scale.device} but x is on {x.device}")
     if scale.shape == (num_features,) and scale.is_contiguous():
         return scale  # the module's own parameter: nothing to reshape (saves ~5 us a forward)
     # Broadcasting with y [M, N] must give [M, N] and scale must not vary along M.
     leading = scale.shape[:-1]
     last = scale.shape[-1] if scale.dim() else 1
     if scale.dim() > 2 or any(size != 1 for size in leading) or last not in (1, num_features):
-        raise ValueError(
+        raise GemmBnValueError(
             f"scale of shape {tuple(scale.shape)} does not broadcast to ({num_features},): "
             "one factor per output feature"
         )
@@ -43,41 +44,41 @@ def _scale_vector(scale: Tensor, num_features: int, x: Tensor) -> Tensor:
 def _validate(
     x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, use_batch_stats, eps
 ) -> Tensor:
-    """Raise ValueError/TypeError for bad arguments, before any operator (and any mutation) runs."""
+    """Raise GemmBnValueError/GemmBnTypeError for bad arguments, before any operator (and any mutation) runs."""
     for name, t in (("x", x), ("weight", weight)):
         if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a Tensor, got {type(t).__name__}")
+            raise GemmBnTypeError(f"{name} must be a Tensor, got {type(t).__name__}")
     if not x.is_floating_point():
-        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+        raise GemmBnTypeError(f"x must be a floating-point tensor, got {x.dtype}")
     if x.dim() != 2:
-        raise ValueError(f"x must be 2-D [batch, in_features], got shape {tuple(x.shape)}")
+        raise GemmBnValueError(f"x must be 2-D [batch, in_features], got shape {tuple(x.shape)}")
     if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}")
+        raise GemmBnValueError(f"weight must be 2-D [out_features, in_features], got shape {tuple(weight.shape)}")
     if x.shape[1] != weight.shape[1]:
-        raise ValueError(f"in_features mismatch: x has {x.shape[1]} features, weight expects {weight.shape[1]}")
+        raise GemmBnValueError(f"in_features mismatch: x has {x.shape[1]} features, weight expects {weight.shape[1]}")
     if weight.device != x.device:
-        raise ValueError(f"weight is on {weight.device} but x is on {x.device}")
+        raise GemmBnValueError(f"weight is on {weight.device} but x is on {x.device}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != x.dtype:
-            raise TypeError(f"{name} is {t.dtype} but x is {x.dtype}; nn.Linear needs them to match")
+            raise GemmBnTypeError(f"{name} is {t.dtype} but x is {x.dtype}; nn.Linear needs them to match")
     num_features = weight.shape[0]
     for name, t in (("bias", bias), ("gamma", gamma), ("beta", beta),
                     ("running_mean", running_mean), ("running_var", running_var)):  # fmt: skip
         _check_vector(name, t, num_features, x)
     if (running_mean is None) != (running_var is None):
-        raise ValueError("running_mean and running_var must be given together (or both None)")
+        raise GemmBnValueError("running_mean and running_var must be given together (or both None)")
     if num_batches_tracked is not None:
         if num_batches_tracked.numel() != 1 or num_batches_tracked.is_floating_point():
-            raise ValueError("num_batches_tracked must be an integer tensor with one element")
+            raise GemmBnValueError("num_batches_tracked must be an integer tensor with one element")
         if num_batches_tracked.device != x.device:
-            raise ValueError(f"num_batches_tracked is on {num_batches_tracked.device} but x is on {x.device}")
+            raise GemmBnValueError(f"num_batches_tracked is on {num_batches_tracked.device} but x is on {x.device}")
     # nn.functional.batch_norm's own checks, same messages.
     if use_batch_stats:
         check_batch_size(x.shape[0], num_features)
         if eps <= 0.0:
-            raise ValueError(f"batch_norm eps must be positive during training, but got {eps}")
+            raise GemmBnValueError(f"batch_norm eps must be positive during training, but got {eps}")
     elif eps < 0.0:
-        raise ValueError(f"batch_norm eps must be non-negative, but got {eps}")
+        raise GemmBnValueError(f"batch_norm eps must be non-negative, but got {eps}")
     return _scale_vector(scale, num_features, x)
 
 

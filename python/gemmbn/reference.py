@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .errors import GemmBnValueError
+
 
 def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
     """Dtype the batch statistics are kept in: float64 for float64 data, float32 otherwise."""
@@ -20,10 +22,11 @@ def statistics_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def check_batch_size(num_rows: int, num_features: int) -> None:
-    """Raise nn.BatchNorm1d's ValueError when batch statistics of a single row are asked for: M > 1."""
+    """Raise nn.BatchNorm1d's ValueError (gemmbn's, a RuntimeError too) when batch statistics of a single row are
+    asked for: M > 1."""
     if num_rows == 1:
         size = torch.Size([num_rows, num_features])
-        raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
+        raise GemmBnValueError(f"Expected more than 1 value per channel when training, got input size {size}")
 
 
 def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor) -> Tensor:
