@@ -1,12 +1,14 @@
 """GemmScaleBatchNorm behaves as the reference Model (nn.Linear, * scale, nn.BatchNorm1d): CPU fallback."""
 
 import copy
+import warnings
 
 import pytest
 import torch
 from _helpers import SAME_OPS, assert_state_equal, make_pair, snapshot
+from conftest import requires_sm90
 
-from gemmbn import GemmScaleBatchNorm, kernelbench
+from gemmbn import GemmBnFallbackWarning, GemmScaleBatchNorm, kernelbench
 
 FP32 = SAME_OPS[torch.float32]
 M, K, N = 32, 24, 16
@@ -63,6 +65,37 @@ def test_eval_accepts_one_row():
     reference.eval()
     drop_in.eval()
     _step_and_compare(reference, drop_in, rows=1)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, requires_sm90])])
+@pytest.mark.parametrize("options", [{}, {"momentum": None}], ids=["momentum", "momentum_none"])
+def test_empty_batch_is_batchnorms(device, options):
+    """A batch of no rows, as nn.BatchNorm1d takes it: an empty output, the running statistics as they were and
+    the batch counted; the backward gives x an empty gradient and every parameter a zero one; eval returns an
+    empty output. Nothing falls back (no warning): no kernel is needed."""
+    reference, drop_in = (m.to(device) for m in make_pair(K, N, **options))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GemmBnFallbackWarning)  # the CPU's fallback on the non-empty batch
+        x = torch.rand(M, K, device=device)
+        reference(x), drop_in(x)  # non-trivial running statistics
+    before = {module: snapshot(module) for module in (reference, drop_in)}
+    gradients = []
+    for module in (reference, drop_in):
+        x = torch.rand(0, K, device=device, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", GemmBnFallbackWarning)
+            out = module(x)
+            out.sum().backward()
+        assert out.shape == (0, N)
+        gradients.append({"x": x.grad, **{name: p.grad for name, p in module.named_parameters()}})
+    for module, state in before.items():
+        state["bn.num_batches_tracked"] += 1  # the empty batch is counted, nothing else moves
+        assert_state_equal(module, state)
+    for name, grad in gradients[1].items():
+        torch.testing.assert_close(grad, gradients[0][name], rtol=0, atol=0, msg=name)
+    assert all(not g.any() for g in gradients[1].values())
+    drop_in.eval()
+    assert drop_in(torch.rand(0, K, device=device)).shape == (0, N)
 
 
 def test_follows_bn_attribute_changes():
@@ -136,6 +169,19 @@ def test_from_module_rejects_other_models():
 def test_extra_repr_shows_precision():
     assert "precision='high'" in repr(GemmScaleBatchNorm(K, N, (N,), precision="high"))
     assert "precision=None" in repr(GemmScaleBatchNorm(K, N, (N,)))
+
+
+def test_kernelbench_problems_39_and_33():
+    """import gemmbn reaches gemmbn.kernelbench; its top level is problem 39, problem(33) gives problem 33."""
+    import gemmbn
+
+    assert gemmbn.kernelbench is kernelbench
+    p39, p33 = kernelbench.problem(39), kernelbench.problem(33)
+    assert (p39.batch_size, p39.in_features, p39.out_features) == (16384, 4096, 4096)
+    assert (p33.batch_size, p33.get_init_inputs()) == (1024, [8192, 8192, (8192,)])
+    assert p33.Model is kernelbench.Model and p33.ModelNew is kernelbench.ModelNew
+    with pytest.raises(ValueError, match="problems \\[33, 39\\]"):
+        kernelbench.problem(40)
 
 
 def test_kernelbench_problem(monkeypatch):

@@ -170,6 +170,9 @@ def linear_scale_bn_backward(
     needs[2] = needs[2] and bias is not None
     needs[4] = needs[4] and gamma is not None
     needs[5] = needs[5] and beta is not None
+    if dout.shape[0] == 0:  # a batch of no rows (nn.BatchNorm1d's): x's gradient is empty, the others 0
+        inputs = (x, weight, bias, scale, gamma, beta)
+        return tuple(torch.zeros_like(t) if need else None for t, need in zip(inputs, needs))
     need_grad_y = any(needs[:4])
     if not (need_grad_y or needs[4]):  # dbeta alone (the forward then kept no y)
         dbeta = dout.sum(0, dtype=statistics_dtype(dout.dtype)).to(beta.dtype) if needs[5] else None

@@ -84,6 +84,8 @@ def _train_impl(
     """
     precision = precision_mod.normalize(precision)
     reference.check_batch_size(x.shape[0], weight.shape[0])
+    if x.shape[0] == 0:
+        return _empty_batch_train(x, weight, scale, num_batches_tracked, keep_pre_norm)
     (x, weight, bias, scale, gamma, beta), reason = _prepare(
         x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, num_batches_tracked
     )
@@ -98,6 +100,18 @@ def _train_impl(
             x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
             True, momentum, eps, keep_pre_norm=keep_pre_norm,
         )  # fmt: skip
+
+
+def _empty_batch_train(x, weight, scale, num_batches_tracked, keep_pre_norm):
+    """nn.BatchNorm1d on a batch of no rows: an empty output, the running statistics as they were, the batch
+    counted. (The statistics returned for the backward are never read: its gradients are 0 or empty.)"""
+    N = weight.shape[0]
+    out = x.new_empty((0, N), dtype=_output_dtype(x, scale))
+    if num_batches_tracked is not None:
+        num_batches_tracked.add_(1)
+    stats_dtype = reference.statistics_dtype(out.dtype)
+    pre_norm = x.new_empty((0, N) if keep_pre_norm else (0,), dtype=out.dtype)
+    return out, pre_norm, x.new_zeros(N, dtype=stats_dtype), x.new_ones(N, dtype=stats_dtype)
 
 
 linear_scale_bn_train = torch.library.custom_op(
@@ -236,6 +250,8 @@ def _eval_impl(
     precision: str,
 ) -> Tensor:
     """out = ((x W^T + b) s - running_mean) / sqrt(running_var + eps) * gamma + beta; ``scale`` is a [N] vector."""
+    if x.shape[0] == 0:  # no rows: nothing to compute (and no fallback to warn about)
+        return x.new_empty((0, weight.shape[0]), dtype=_output_dtype(x, scale))
     precision = precision_mod.normalize(precision)
     (x, weight, bias, scale, gamma, beta), reason = _prepare(
         x, weight, bias, scale, gamma, beta, running_mean, running_var, eps
