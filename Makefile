@@ -7,6 +7,8 @@ PY := $(VENV)/bin/python
 # CUTLASS translation units take 3-5 GB each: two at a time fits 2 cores / 24 GB.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export CUDACXX ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+SHELL := bash
+.SHELLFLAGS := -eo pipefail -c
 
 .PHONY: run test build ptxas-report config-report clean
 
@@ -16,8 +18,17 @@ run: build
 test: build
 	$(PY) -m pytest -q tests
 
+# One line per compiled file (a GEMM translation unit takes ~1 min on 2 cores); the compiler command lines go to
+# build/pip.log, or to the console with `make build VERBOSE=1`. The log's tail is shown if the build fails.
 build: $(VENV)/.deps
+ifdef VERBOSE
 	$(PY) -m pip install --no-build-isolation --no-deps -v .
+else
+	@mkdir -p build && echo "building gemmbn (first build ~11 min on 2 cores; log: build/pip.log)"
+	@$(PY) -m pip install --no-build-isolation --no-deps -v . 2>&1 | tee build/pip.log \
+	  | sed -nuE 's#^ *(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+\.(cu|cpp))( .*)?$$#  \1 \3#p; s#^ *(\[[0-9]+/[0-9]+\] Linking .*)#  \1#p' \
+	  || { tail -40 build/pip.log; exit 1; }
+endif
 
 # Registers, stack frames and spills of every kernel.
 ptxas-report: $(VENV)/.deps

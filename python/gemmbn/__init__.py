@@ -5,8 +5,10 @@
 
 Where the fused kernels cannot run (no sm90 GPU, no built extension, unsupported dtype or sizes) the
 same semantics run in PyTorch and a GemmBnFallbackWarning says why, once per reason.
+gemmbn.kernelbench holds KernelBench level 2 problems 39 and 33 with the drop-in as ModelNew.
 """
 
+from . import kernelbench
 from ._native import fused_unavailable_reason
 from .fallback import GemmBnFallbackWarning
 from .functional import linear_scale_batch_norm
@@ -21,6 +23,7 @@ __all__ = [
     "GemmScaleBatchNorm",
     "ReferenceModel",
     "__version__",
+    "kernelbench",
     "fused_plan",
     "fused_unavailable_reason",
     "linear_scale_batch_norm",
