@@ -274,7 +274,10 @@ __device__ void merge_dscale(BackwardParams<T> const& p) {
     double total[1];
     if (!merged_totals<1>(p, 0, col, total)) continue;
     const double s = to_float(p.scale[col]);
-    if (s != 0) p.dscale[col] = from_float<T>(static_cast<float>((total[0] + double(p.mean[col]) * p.sum_grad_y_fp64[col]) / s));
+    if (s != 0) {
+      const double sum_grad_y_z = (total[0] + double(p.mean[col]) * p.sum_grad_y_fp64[col]) / s;
+      p.dscale[col] = from_float<T>(static_cast<float>(sum_grad_y_z));
+    }
   }
 }
 

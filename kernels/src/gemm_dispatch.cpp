@@ -23,8 +23,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
                   GEMMBN_SPLIT_ROWS == kSplitConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
-// Row by shape from the sweeps quoted in configs.h. Small problems first, by their number of 128x128
-// tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost
+// Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence"). Small problems
+// first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost
 // exposed): 64x64 tiles up to 16 such tiles, and up to 64 when K <= 1024 or the data is 16-bit; 64x128
 // tiles under one wave in TF32 (but the stream-K 128x128 row when K > 4096 splits over 64 such tiles
 // along K), and up to two waves when K <= 1024; past that with K <= 512 (TF32: up to 16 waves), and

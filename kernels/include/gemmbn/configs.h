@@ -35,56 +35,17 @@ inline constexpr int epilogue_rows(TileConfig const& c) {
 // Rows per statistics partial: the CTA tile's (the moments node merges its subtile rows in registers).
 inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 
-// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape (rule there). Kept rows won
-// somewhere in perf/tune_gemm.py's interleaved sweeps on an H200 (GEMM + statistics, L2 flushed, ms;
-// 2026-12-01 unless said otherwise; "64x256" is the ping-pong 64x256 c2x1 row that was row 0 until then):
-// - Ping-pong 128x128 tiles beat 64x256 ones: a third less L2 -> shared-memory traffic per flop, which
-//   is both cycles at full clock and energy under the power limit (perf/clocks_under_load.py). bf16 at
-//   16384x4096->4096: 0.728 vs 0.768 (tune_gemm), 0.719 vs 0.763 at 1980 MHz and 0.849 vs 0.873
-//   power-limited at ~1400 MHz (clocks_under_load); 4096x4096->4096 0.188 vs 0.203, 65536x1024->1024
-//   0.294 vs 0.309, 16384x8192->512 0.198 vs 0.209, 4096x8192->2048 0.186 vs 0.200. TF32 (c2x1): equal
-//   at 16384x4096->4096 (1.531 vs 1.526; 1.667 vs 1.678 power-limited), ahead at 4096x4096->4096 (0.370
-//   vs 0.390), 4096x8192->2048 (0.352 vs 0.378), 65536x512->512, 4096x512->8192, 256x4096->4096.
-// - Cliffs of the c2x1 128-row tiles at short M: 1024x8192->8192 at swizzle 8 ran 0.485 ms in bf16 (0.190
-//   at swizzle 1) and 0.971 in TF32; at 2048x4096->4096 bf16 0.112 vs c1x2's 0.103. So M <= 2048 takes
-//   the c1x2 row in 16-bit (0.188 at 1024x8192->8192, 0.103 at 2048x4096->4096) and the cooperative
-//   128x256 row in TF32 (0.358-0.373 vs 64x256's 0.38-0.39 at 1024x8192->8192). The c1x2 row has cliffs
-//   of its own at small N and large M (0.528 vs 0.294 at 65536x1024->1024, 0.489 vs 0.198 at
-//   16384x8192->512), hence not beyond M = 2048. A row enters the rule only after a sweep over M.
-// - The cooperative 128x256 TF32 row at large M depends on the power state: 1.433 vs 1.531 at full clock,
-//   1.70 vs 1.54 in a long sweep at the power limit; not chosen there. Its 32 tiles at M = 256 leave most
-//   SMs idle (0.106 vs 0.070), so it takes only 512 < M <= 2048.
-// - Small problems (perf/gpu_session.sh tune-small, a820b05 + these rows; GEMM + statistics ms, TF32 / bf16,
-//   "T" = 128x128 tiles): the 128-row rows put one tile on each of a few SMs. 64x64 (row 3) wins at
-//   128x1024->512 (T 4: 0.011 / 0.011 vs 0.040 / 0.030 for the rows chosen before; cuBLAS mm 0.012 /
-//   0.008), 256x1024->1024 (T 16: 0.013 / 0.011 vs 0.031 / 0.029), 1024x1024->1024 (T 64: 0.017 / 0.014
-//   vs 64x128's 0.019 / 0.016); 64x128 (row 2) at 256x4096->4096 (T 64: 0.042 vs 64x64's 0.055 in TF32,
-//   0.027 vs 0.028 bf16), 256x8192->8192 in TF32 (T 128: 0.167 vs 0.178 for 128x256 and 0.251 for
-//   128x128; bf16 keeps c1x2 128x128: 0.073 vs 0.087), 4096x1024->1024 (T 256, short K: 0.039 / 0.030 vs
-//   128x128 c2x1's 0.044 / 0.037). Ties within 5%: 512x2048->2048 (0.028 vs 0.029 TF32, 0.019 vs 0.018
-//   bf16). Unchanged where T >= 256 with K >= 4096: 1024x4096->4096 (128x256 0.110, c1x2 0.055 vs
-//   64x128's 0.169 / 0.086), 2048x4096->4096 and 1024x8192->8192.
-// - Stream-K rows (perf/gpu_session.sh tune-stream-k, 9 shapes, heuristic order; GEMM + statistics ms):
-//   the TF32 cooperative 128x128 row wins under a wave of tiles with long K: 256x8192->8192 0.126 vs
-//   64x128's 0.175 (cuBLAS mm 0.102), 4096x8192->512 0.108 vs 0.111 for row 0 (64x128 slower still).
-//   Elsewhere the persistent rows stay ahead: 16384x4096->4096 TF32 1.483 vs 1.730 / 1.972 (stream-K
-//   128x256 / 128x128), bf16 0.723 vs 0.889; 1024x4096->4096, 1024x8192->8192, 16384x8192->512 and the
-//   short-K shapes by 5-25%. Plain split-K (2 or 4 ways) never won. bf16's stream-K row won only at
-//   4096x8192->512 (0.064 vs 0.068) and lost at 256x8192->8192 (0.128 vs c1x2's 0.073): not in the rule.
-// - Short K with many tiles (perf/gpu_session.sh tune-epilogue, cb201cd: its butterfly lane merge serves
-//   the 64x128 row, not the 128-row ping-pong ones; heuristic order, swizzle 1; TF32 / bf16): the 64x128
-//   row (2) wins at K = 512 in 16-bit everywhere measured, 16384x512->8192 (T 8192) 0.417 vs 0.494 for
-//   row 0, 4096x512->8192 0.113 vs 0.143, 65536x512->512 0.108 vs 0.142, 16384x512->2048 0.108 vs 0.141,
-//   and in TF32 up to T 2048 (0.167 / 0.156 / 0.167 vs 0.175 / 0.174 / 0.173; at T 8192 row 0 0.613 vs
-//   0.637). At K = 1024 it wins in 16-bit at T 1024 (16384x1024->1024 0.086 vs 0.092, 4096x1024->4096
-//   0.079 vs 0.094) but not at T 4096 (65536x1024->1024 0.320 vs 0.294); TF32 keeps row 0 there.
-//   Measured at M >= 4096 only.
-// - Wider ping-pong epilogue subtiles spill (the moments node keeps the subtile's values in registers
-//   beside the 128x128 accumulators): epilogue_n 64 280 B (TF32) / 200 B (bf16) of stack, 128 792 B.
-// - Dropped earlier (at 16384x4096->4096): 16-bit cooperative 256x128 c1x2 (cuBLAS nvjet's tile) 0.869-0.887
-//   and 128x256 c2x1 0.884-0.901 vs 64x256's 0.776-0.787; cooperative TF32 rows with 4 or 8 stages; 4x1 and
-//   2x2 clusters (9-13% slower); a TF32 ping-pong row without a cluster (0.735 at swizzle 8, 1.406 at
-//   swizzle 1 at 2048x8192->8192, the reverse at 1024).
+// select_config (kernels/src/gemm_dispatch.cpp) picks a row by shape (rule there). Each row won somewhere in
+// perf/tune_gemm.py's interleaved sweeps on an H200; perf/NOTES.md, "The configuration tables' evidence",
+// has the measurements behind every row and every row dropped. In short:
+// - ping-pong 128x128 tiles beat 64x256 ones: a third less L2 -> shared-memory traffic per flop (cycles,
+//   and energy under the power limit);
+// - at M <= 2048 the 128-row c2x1 rows fall off cliffs: 16-bit takes the c1x2 row, TF32 the cooperative
+//   128x256 one;
+// - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
+//   64x128 row in 16-bit;
+// - the stream-K rows win only under a wave of tiles with long K;
+// - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators).
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
@@ -104,13 +65,8 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128
 // registers per thread), k-tiles of split::kTileK = 32 columns, cooperative only (its mainloop is
-// written for it). Measured with perf/tune_gemm.py on an H200 at 16384x4096->4096 (row_scales + GEMM
-// + statistics, L2 flushed; 786f642): promotion every 4 k-tiles 3.00-3.05 ms, every 2 3.36, every 8
-// 3.32; a 2x1 cluster multicasting W 3.56 (and 3.39 vs 3.20 in the per-k-tile design). Raster along M,
-// swizzle 4 was the best order (3.00 vs 3.05 for the heuristic with swizzle 8). 128x64 epilogue
-// subtiles (half the statistics merges, one stage less) ran 3.27 vs 3.01 (4bcc231's run). With x's
-// loads a k-tile ahead of its split (891f87e): 2.63 ms, against 3.47 for the same row without in
-// that run.
+// written for it); promotion every 4 k-tiles, raster along M with swizzle 4 (perf/NOTES.md, "The
+// configuration tables' evidence").
 inline constexpr TileConfig kSplitConfigs[] = {
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},  // 0: promotion every 128 columns
 };
