@@ -10,6 +10,7 @@ gemmbn.kernelbench holds KernelBench level 2 problems 39 and 33 with the drop-in
 
 from . import kernelbench
 from ._native import fused_unavailable_reason
+from .distributed import convert_sync_batchnorm
 from .fallback import GemmBnFallbackWarning
 from .functional import linear_scale_batch_norm
 from .modules import GemmScaleBatchNorm
@@ -23,6 +24,7 @@ __all__ = [
     "GemmScaleBatchNorm",
     "ReferenceModel",
     "__version__",
+    "convert_sync_batchnorm",
     "kernelbench",
     "fused_plan",
     "fused_unavailable_reason",

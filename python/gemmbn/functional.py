@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from . import ops
+from . import distributed, ops
 from . import precision as precision_mod
+from ._native import fused_unavailable_reason
 from .errors import GemmBnTypeError, GemmBnValueError
+from .fallback import warn_once
 from .reference import check_batch_size
 
 
@@ -42,7 +44,8 @@ def _scale_vector(scale: Tensor, num_features: int, x: Tensor) -> Tensor:
 
 
 def _validate(
-    x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, use_batch_stats, eps
+    x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, use_batch_stats, eps,
+    synchronized=False,
 ) -> Tensor:
     """Raise GemmBnValueError/GemmBnTypeError for bad arguments, before any operator (and any mutation) runs."""
     for name, t in (("x", x), ("weight", weight)):
@@ -74,7 +77,8 @@ def _validate(
             raise GemmBnValueError(f"num_batches_tracked is on {num_batches_tracked.device} but x is on {x.device}")
     # nn.functional.batch_norm's own checks, same messages.
     if use_batch_stats:
-        check_batch_size(x.shape[0], num_features)
+        if not synchronized:  # over a process group the rows of every rank count
+            check_batch_size(x.shape[0], num_features)
         if eps <= 0.0:
             raise GemmBnValueError(f"batch_norm eps must be positive during training, but got {eps}")
     elif eps < 0.0:
@@ -96,6 +100,7 @@ def linear_scale_batch_norm(
     momentum: float | None,
     eps: float,
     precision: str | None = None,
+    process_group=None,
 ) -> Tensor:
     """out = BatchNorm1d((x W^T + b) * s): (y - mean) / sqrt(var + eps) * gamma + beta, y = (x W^T + b) s.
 
@@ -104,13 +109,25 @@ def linear_scale_batch_norm(
     average 1/num_batches_tracked, read on the device) and, when ``training``, num_batches_tracked
     (if given) is incremented. ``scale`` may be any shape that broadcasts to (N,).
     ``precision`` ("highest", "high", "medium") picks the float32 GEMM; None follows
-    torch.get_float32_matmul_precision(). Errors are raised before anything is mutated.
+    torch.get_float32_matmul_precision(). ``process_group`` (a torch.distributed group, None: none): batch
+    statistics over the rows of every rank in it, nn.SyncBatchNorm's semantics (distributed.py; the PyTorch
+    route for now). Errors are raised before anything is mutated.
     """
     use_batch_stats = training or running_mean is None
+    synchronized = use_batch_stats and process_group is not None
     scale = _validate(
-        x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, use_batch_stats, eps
+        x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, use_batch_stats, eps,
+        synchronized,
     )
     precision = precision_mod.validate(precision)  # None -> read the global setting when the op runs
+    if synchronized:
+        warn_once(fused_unavailable_reason(x) or "batch statistics over a process group run on the PyTorch route "
+                  "(the fused kernels' synchronized path is issue 19's next step)")
+        with precision_mod.float32_matmul_precision(precision_mod.normalize(precision)):
+            return distributed.forward_train(
+                x, weight, bias, scale, gamma, beta, running_mean, running_var,
+                num_batches_tracked if training else None, momentum, eps, process_group,
+            )  # fmt: skip
     if not use_batch_stats:
         return ops.forward_eval(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision)
     # Only a training step counts batches (nn.BatchNorm1d does not count in eval mode).

@@ -27,7 +27,9 @@ class GemmScaleBatchNorm(nn.Module):
     Parameters and buffers carry the reference model's names (``gemm``, ``scale``, ``bn``) and are
     created in the same order, so one seed gives identical parameters and state_dicts load both ways.
     ``precision`` ("highest", "high", "medium" or None = follow torch.get_float32_matmul_precision())
-    picks the float32 GEMM; bf16/fp16 always run the native kernels.
+    picks the float32 GEMM; bf16/fp16 always run the native kernels. ``process_group`` (a torch.distributed
+    group; None: none) makes the batch statistics those of every rank's rows, as nn.SyncBatchNorm
+    (gemmbn.convert_sync_batchnorm sets it on a model's layers).
     """
 
     def __init__(
@@ -42,12 +44,14 @@ class GemmScaleBatchNorm(nn.Module):
         affine: bool = True,
         track_running_stats: bool = True,
         precision: str | None = None,
+        process_group=None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.precision = None if precision is None else precision_mod.validate(precision)
+        self.process_group = process_group
         # Same construction order as the reference Model: Linear, then scale, then BatchNorm1d.
         self.gemm = nn.Linear(in_features, out_features, bias=bias, **factory)
         self.scale = nn.Parameter(torch.randn(scale_shape, **factory))
@@ -69,6 +73,7 @@ class GemmScaleBatchNorm(nn.Module):
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.precision = None if precision is None else precision_mod.validate(precision)
+        module.process_group = None
         module.gemm, module.bn = gemm, bn
         if isinstance(scale, nn.Parameter):
             module.scale = scale
@@ -97,8 +102,10 @@ class GemmScaleBatchNorm(nn.Module):
             bn.momentum,
             bn.eps,
             self.precision,
+            self.process_group,
         )
 
     def extra_repr(self) -> str:
         follow = " (follows torch.get_float32_matmul_precision())" if self.precision is None else ""
-        return f"precision={self.precision!r}{follow}"
+        synchronized = "" if self.process_group is None else ", synchronized over a process group"
+        return f"precision={self.precision!r}{follow}{synchronized}"

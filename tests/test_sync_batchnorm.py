@@ -1,0 +1,118 @@
+"""Batch statistics over a process group (nn.SyncBatchNorm's semantics), on the CPU with gloo.
+
+Three ranks hold 5, 0 and 8 rows of one batch (uneven, one empty). Each runs convert_sync_batchnorm's
+GemmScaleBatchNorm forward and backward on its rows; the results must be those of single-process training
+of the reference model (nn.Linear, scale, nn.BatchNorm1d) on the concatenated batch: each rank's outputs
+and x-gradients are its rows of the single-process ones, the ranks' parameter gradients add up to the
+single-process ones (DDP adds them), and every rank's running statistics equal the single-process ones,
+bitwise equal across ranks. float64 models, so the bound is float64 rounding (1e-12 relative, the
+statistics' merge order differs from one pass over the batch).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import gemmbn
+from gemmbn import ReferenceModel
+
+ROWS = (5, 0, 8)
+K, N = 6, 4
+STEPS = 2  # the second forward starts from running statistics the first one moved
+
+
+def _batches(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, cotangent) of the whole batch at a step: the same on every rank (seeded)."""
+    generator = torch.Generator().manual_seed(100 + step)
+    total = sum(ROWS)
+    x = torch.rand(total, K, generator=generator, dtype=torch.float64) * 3 - 1
+    return x, torch.randn(total, N, generator=generator, dtype=torch.float64)
+
+
+def _model(momentum) -> ReferenceModel:
+    torch.manual_seed(0)
+    return ReferenceModel(K, N, (N,), momentum=momentum).double()
+
+
+def _rank_main(rank: int, world: int, store: str, momentum, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        model = gemmbn.convert_sync_batchnorm(_model(momentum))
+        assert isinstance(model, gemmbn.GemmScaleBatchNorm) and model.process_group is not None
+        begin = sum(ROWS[:rank])
+        results = []
+        for step in range(STEPS):
+            x, dout = _batches(step)
+            x = x[begin:begin + ROWS[rank]].clone().requires_grad_(True)
+            model.zero_grad(set_to_none=True)
+            out = model(x)
+            out.backward(dout[begin:begin + ROWS[rank]])
+            grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+            results.append({"out": out.detach(), "x_grad": x.grad, "grads": grads,
+                            "state": {k: v.clone() for k, v in model.state_dict().items()}})  # fmt: skip
+        # Eval normalizes with the running statistics: no collective may run (one would raise here).
+        model.eval()
+        real_all_gather, dist.all_gather = dist.all_gather, None
+        try:
+            results.append({"eval_out": model(torch.rand(3, K, dtype=torch.float64))})
+        finally:
+            dist.all_gather = real_all_gather
+        torch.save(results, f"{out_dir}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _single_process(momentum) -> list[dict]:
+    reference = _model(momentum)
+    results = []
+    for step in range(STEPS):
+        x, dout = _batches(step)
+        x = x.clone().requires_grad_(True)
+        reference.zero_grad(set_to_none=True)
+        out = reference(x)
+        out.backward(dout)
+        results.append({"out": out.detach(), "x_grad": x.grad,
+                        "grads": {name: p.grad.clone() for name, p in reference.named_parameters()},
+                        "state": {k: v.clone() for k, v in reference.state_dict().items()}})  # fmt: skip
+    return results
+
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "momentum_none"])
+def test_three_ranks_equal_single_process_training(tmp_path, momentum):
+    world = len(ROWS)
+    mp.spawn(_rank_main, args=(world, str(tmp_path / "store"), momentum, str(tmp_path)), nprocs=world, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    expected = _single_process(momentum)
+    close = {"rtol": 1e-12, "atol": 1e-12}
+    for step, single in enumerate(expected):
+        per_rank = [r[step] for r in ranks]
+        torch.testing.assert_close(torch.cat([r["out"] for r in per_rank]), single["out"], **close)
+        torch.testing.assert_close(torch.cat([r["x_grad"] for r in per_rank]), single["x_grad"], **close)
+        for name, grad in single["grads"].items():
+            torch.testing.assert_close(sum(r["grads"][name] for r in per_rank), grad, **close, msg=name)
+        for key, value in single["state"].items():
+            for r in per_rank:
+                torch.testing.assert_close(r["state"][key], value, **close, msg=key)
+                assert torch.equal(r["state"][key], per_rank[0]["state"][key]), f"{key} differs between ranks"
+    # Eval: each rank's own rows, the running statistics (which are equal on every rank) as constants.
+    assert all(r[STEPS]["eval_out"].shape == (3, N) for r in ranks)
+
+
+def test_convert_sync_batchnorm_converts_and_shares():
+    """A ReferenceModel becomes a GemmScaleBatchNorm sharing its parameters; nested modules are converted in
+    place; a GemmScaleBatchNorm gets the group; process_group=None means the default group."""
+    group = object()  # any object stands for a group here: no collective runs
+    reference = _model(0.1)
+    converted = gemmbn.convert_sync_batchnorm(reference, group)
+    assert isinstance(converted, gemmbn.GemmScaleBatchNorm) and converted.process_group is group
+    assert converted.gemm.weight is reference.gemm.weight and converted.bn is reference.bn
+    outer = torch.nn.Sequential(copy.deepcopy(reference), torch.nn.ReLU())
+    assert gemmbn.convert_sync_batchnorm(outer, group) is outer
+    assert isinstance(outer[0], gemmbn.GemmScaleBatchNorm) and outer[0].process_group is group
+    layer = gemmbn.GemmScaleBatchNorm(K, N, (N,))
+    assert layer.process_group is None and gemmbn.convert_sync_batchnorm(layer).process_group is dist.group.WORLD
