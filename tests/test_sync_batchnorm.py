@@ -5,8 +5,9 @@ GemmScaleBatchNorm forward and backward on its rows; the results must be those o
 of the reference model (nn.Linear, scale, nn.BatchNorm1d) on the concatenated batch: each rank's outputs
 and x-gradients are its rows of the single-process ones, the ranks' parameter gradients add up to the
 single-process ones (DDP adds them), and every rank's running statistics equal the single-process ones,
-bitwise equal across ranks. float64 models, so the bound is float64 rounding (1e-12 relative, the
-statistics' merge order differs from one pass over the batch).
+bitwise equal across ranks. Five DDP SGD steps end where single-process training does. float64 models, so
+the bound is float64 rounding (1e-12 relative: the statistics' merge order differs from one pass over the
+batch).
 """
 
 from __future__ import annotations
@@ -101,6 +102,44 @@ def test_three_ranks_equal_single_process_training(tmp_path, momentum):
                 assert torch.equal(r["state"][key], per_rank[0]["state"][key]), f"{key} differs between ranks"
     # Eval: each rank's own rows, the running statistics (which are equal on every rank) as constants.
     assert all(r[STEPS]["eval_out"].shape == (3, N) for r in ranks)
+
+
+SGD_STEPS = 5
+
+
+def _ddp_rank_main(rank: int, world: int, store: str, out_dir: str) -> None:
+    """SGD_STEPS steps of DDP over the converted model; saves the final state."""
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(gemmbn.convert_sync_batchnorm(_model(0.1)))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        begin = sum(ROWS[:rank])
+        for step in range(SGD_STEPS):
+            x, dout = _batches(step)
+            optimizer.zero_grad(set_to_none=True)
+            model(x[begin:begin + ROWS[rank]]).backward(dout[begin:begin + ROWS[rank]])
+            optimizer.step()
+        torch.save({k: v.clone() for k, v in model.module.state_dict().items()}, f"{out_dir}/ddp{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_steps_equal_single_process_training(tmp_path):
+    """Five DDP SGD steps with momentum end where single-process training on the concatenated batches does.
+    DDP averages the ranks' gradients, so the single process's loss is divided by the world size."""
+    world = len(ROWS)
+    mp.spawn(_ddp_rank_main, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
+    reference = _model(0.1)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.01, momentum=0.9)
+    for step in range(SGD_STEPS):
+        x, dout = _batches(step)
+        optimizer.zero_grad(set_to_none=True)
+        reference(x).backward(dout / world)
+        optimizer.step()
+    for rank in range(world):
+        state = torch.load(tmp_path / f"ddp{rank}.pt")
+        for key, value in reference.state_dict().items():
+            torch.testing.assert_close(state[key], value, rtol=1e-12, atol=1e-12, msg=f"rank {rank}: {key}")
 
 
 def test_convert_sync_batchnorm_converts_and_shares():
