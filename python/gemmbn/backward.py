@@ -62,7 +62,7 @@ def _operand(t: Tensor) -> Tensor:
 
 
 def _reduction_rows(t: Tensor) -> Tensor:
-    """t [R, C] as the split GEMM reads an operand whose reduction runs along C: contiguous float32 rows, C a
+    """t [R, C] as gemmbn's GEMMs read an operand whose reduction runs along C: contiguous float32 rows, C a
     multiple of 4 (zero columns added). A transposed view (dz^T, x^T, W^T) goes through the tiled transpose."""
     if t.is_contiguous() and t.shape[1] % 4 == 0:
         return _operand(t)
