@@ -93,6 +93,15 @@ def linear_scale_batch_norm(
         out = F.batch_norm(y, running_mean, running_var, gamma, beta, False, 0.0, eps)
         return out, pre_norm, y.new_empty(0, dtype=stats_dtype), y.new_empty(0, dtype=stats_dtype)
 
+    if y.dtype == stats_dtype and (momentum is not None or num_batches_tracked is None):
+        # nn.BatchNorm1d's own kernel: the output, the statistics the backward keeps and the running statistics'
+        # update in one pass over y (float32/float64 data, where it keeps the statistics in y's dtype; with
+        # momentum None nn's factor is 1/num_batches_tracked, which the other branch computes on the device).
+        if training and num_batches_tracked is not None:
+            num_batches_tracked.add_(1)
+        factor = 0.0 if momentum is None else momentum  # nn's factor when momentum is None and nothing is tracked
+        out, mean, save_invstd = torch.native_batch_norm(y, gamma, beta, running_mean, running_var, True, factor, eps)
+        return out, pre_norm, mean, save_invstd
     # The output itself comes from PyTorch's own batch_norm (the same ops as nn.BatchNorm1d); it runs
     # first so that its argument checks (eps > 0) fire before the running statistics move.
     out = F.batch_norm(y, None, None, gamma, beta, True, 0.0, eps)
