@@ -155,3 +155,29 @@ def test_convert_sync_batchnorm_converts_and_shares():
     assert isinstance(outer[0], gemmbn.GemmScaleBatchNorm) and outer[0].process_group is group
     layer = gemmbn.GemmScaleBatchNorm(K, N, (N,))
     assert layer.process_group is None and gemmbn.convert_sync_batchnorm(layer).process_group is dist.group.WORLD
+    # A copy (an EMA model, say) has its own parameters and shares the group, which cannot be copied.
+    copied = copy.deepcopy(converted)
+    assert copied.process_group is group and copied.gemm.weight is not converted.gemm.weight
+    assert torch.equal(copied.gemm.weight, converted.gemm.weight) and copied.bn.running_var is not converted.bn.running_var
+
+
+def test_compiled_fullgraph_synchronized_step(tmp_path):
+    """torch.compile(fullgraph=True) traces the synchronized forward and backward (collectives included): one
+    gloo rank in this process, outputs and gradients as the eager synchronized step's (float64, 1e-12)."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        eager = gemmbn.convert_sync_batchnorm(_model(0.1))
+        compiled_module = copy.deepcopy(eager)
+        compiled = torch.compile(compiled_module, fullgraph=True)
+        x, dout = _batches(0)
+        results = []
+        for module, call in ((eager, eager), (compiled_module, compiled)):
+            inputs = x.clone().requires_grad_(True)
+            out = call(inputs)
+            out.backward(dout)
+            results.append([out.detach(), inputs.grad, *(p.grad for p in module.parameters()),
+                            module.bn.running_mean, module.bn.running_var])  # fmt: skip
+        for expected, actual in zip(*results):
+            torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+    finally:
+        dist.destroy_process_group()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from torch import Tensor
 
 from . import distributed, ops
@@ -123,7 +125,9 @@ def linear_scale_batch_norm(
     if synchronized:
         warn_once(fused_unavailable_reason(x) or "batch statistics over a process group run on the PyTorch route "
                   "(the fused kernels' synchronized path is issue 19's next step)")
-        with precision_mod.float32_matmul_precision(precision_mod.normalize(precision)):
+        # PyTorch's own setting needs no context (reading it would break a torch.compile graph).
+        explicit = precision != precision_mod.FOLLOW_TORCH
+        with precision_mod.float32_matmul_precision(precision) if explicit else contextlib.nullcontext():
             return distributed.forward_train(
                 x, weight, bias, scale, gamma, beta, running_mean, running_var,
                 num_batches_tracked if training else None, momentum, eps, process_group,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor, nn
 
@@ -104,6 +106,16 @@ class GemmScaleBatchNorm(nn.Module):
             self.precision,
             self.process_group,
         )
+
+    def __deepcopy__(self, memo):
+        """A copy with its own parameters and buffers that shares the process group (a group cannot be copied:
+        copying a model for an EMA or a reference would fail otherwise)."""
+        if self.process_group is not None:
+            memo.setdefault(id(self.process_group), self.process_group)
+        clone = self.__class__.__new__(self.__class__)
+        memo[id(self)] = clone
+        clone.__setstate__(copy.deepcopy(self.__dict__, memo))
+        return clone
 
     def extra_repr(self) -> str:
         follow = " (follows torch.get_float32_matmul_precision())" if self.precision is None else ""
