@@ -1,4 +1,4 @@
-"""The Python host path of gemmbn's forward, timed on the CPU with gemmbn._C replaced by no-ops.
+"""The Python host path of gemmbn's forward and backward, timed on the CPU with gemmbn._C replaced by no-ops.
 
     python perf/host_path.py [--size M K N] [--dtype float32|bfloat16] [--calls 20000] [--profile]
 
@@ -12,7 +12,10 @@ takes ~3x as long (perf/host_overhead.py measures it there against eager and tor
 Not measured: the binding call itself (its argument checks and the two launches), the CUDA caching
 allocator (CPU tensors use the CPU allocator: the allocation rows are only indicative) and the
 current-stream query. Each timed forward must reach the stubbed train_forward/eval_forward exactly
-once, or the script stops: a fallback to the reference would time the wrong path.
+once, or the script stops: a fallback to the reference would time the wrong path. The backward rows
+(a training step's forward and backward through autograd, and the backward alone) stub the kernel call
+and the two gradient GEMMs (backward._matmul returns an empty result: the GEMMs' own dispatch costs as
+much as eager's), and each must reach the stubbed batch_norm_backward once.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import types
 from collections.abc import Callable
 
 import torch
-from gemmbn import GemmScaleBatchNorm, functional, fused, ops, plan
+from gemmbn import GemmScaleBatchNorm, backward, functional, fused, ops, plan
 from host_overhead import print_profile
 from torch.utils.dlpack import to_dlpack
 
@@ -34,7 +37,7 @@ class StubExtension(types.SimpleNamespace):
     """gemmbn._C's functions the forward calls, as no-ops that count their calls."""
 
     def __init__(self, tile_rows: int) -> None:
-        super().__init__(calls={"train_forward": 0, "eval_forward": 0})
+        super().__init__(calls={"train_forward": 0, "eval_forward": 0, "batch_norm_backward": 0})
         self.tile_rows = tile_rows
 
     def train_forward(self, *args, **kwargs) -> None:
@@ -42,6 +45,12 @@ class StubExtension(types.SimpleNamespace):
 
     def eval_forward(self, *args, **kwargs) -> None:
         self.calls["eval_forward"] += 1
+
+    def batch_norm_backward(self, *args, **kwargs) -> None:
+        self.calls["batch_norm_backward"] += 1
+
+    def batch_norm_backward_workspace_bytes(self, *args, **kwargs) -> int:
+        return 0
 
     def gemm_config(self, *args, **kwargs) -> tuple[int, int]:
         return self.tile_rows, 0
@@ -61,7 +70,9 @@ def install_stub(tile_rows: int) -> StubExtension:
     fused.extension = lambda: stub
     fused._on_device = _stream_zero
     fused._gemm_plan.cache_clear()
+    fused._backward_workspace_bytes.cache_clear()
     plan.fused_unavailable_reason = lambda x: None
+    backward._matmul = lambda route, a, b: a.new_empty((a.shape[0], b.shape[1]))  # the GEMM itself: eager's cost
     return stub
 
 
@@ -112,19 +123,44 @@ def main() -> None:
         "  ops._prepare": (None, lambda: ops._prepare(x, weight, bias, scale, gamma, beta, rm, rv, 1e-5, nbt)),
         "  16 DLPack capsules": (None, lambda: [to_dlpack(t) for t in (x, *vectors, *vectors[:-1])]),
     }
+    x_grad = x.clone().requires_grad_(True)
+    dout = torch.randn(M, N, dtype=dtype)
+    y, mean, invstd = torch.randn(M, N, dtype=dtype), torch.zeros(N), torch.ones(N)
+
+    def training_step():
+        module.zero_grad(set_to_none=True)
+        x_grad.grad = None
+        module(x_grad).backward(dout)
+
+    grad_rows = {
+        "forward + backward, train": ({"train_forward": 1, "batch_norm_backward": 1}, training_step),
+        "backward alone, train": ({"batch_norm_backward": 1}, lambda: backward.linear_scale_bn_backward(
+            dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, True, [True] * 6, "high")),
+    }
     print(f"{M}x{K}->{N} {args.dtype}, gemmbn._C stubbed, CPU tensors, torch {torch.__version__}, "
           f"median of 5 rounds of {args.calls // 5} calls")
     with torch.no_grad():
         for label, (entry, fn) in rows.items():
-            before = dict(stub.calls)
-            us, made = per_call_us(fn, args.calls)
-            if entry is not None:  # every call must have reached this one stubbed entry point, once
-                reached = {name: stub.calls[name] - before[name] for name in stub.calls}
-                if reached != {name: made if name == entry else 0 for name in stub.calls}:
-                    raise SystemExit(f"{label}: {made} calls reached the stub as {reached} (the fallback ran?)")
-            print(f"  {label:26s} {us:7.2f} us/call")
+            _time_row(label, fn, stub, {entry: 1} if entry else None, args.calls)
         if args.profile:
             print_profile(lambda: module(x), args.calls, rows=20)
+    calls = max(args.calls // 10, 100)  # a backward takes ~10 forwards' time
+    for label, (entries, fn) in grad_rows.items():
+        _time_row(label, fn, stub, entries, calls)
+    if args.profile:
+        print_profile(training_step, calls, rows=20)
+
+
+def _time_row(label: str, fn: Callable[[], object], stub: StubExtension, entries: dict | None, calls: int) -> None:
+    """Print fn's host time per call; with ``entries`` (stub name -> calls per call), stop unless every call
+    reached exactly those stubbed entry points (a fallback to the reference would time the wrong path)."""
+    before = dict(stub.calls)
+    us, made = per_call_us(fn, calls)
+    if entries is not None:
+        reached = {name: stub.calls[name] - before[name] for name in stub.calls}
+        if reached != {name: made * entries.get(name, 0) for name in stub.calls}:
+            raise SystemExit(f"{label}: {made} calls reached the stub as {reached} (the fallback ran?)")
+    print(f"  {label:26s} {us:7.2f} us/call")
 
 
 if __name__ == "__main__":
