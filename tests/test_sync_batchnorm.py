@@ -40,22 +40,24 @@ def _model(momentum) -> ReferenceModel:
     return ReferenceModel(K, N, (N,), momentum=momentum).double()
 
 
+def _step(module, x: torch.Tensor, dout: torch.Tensor) -> dict:
+    """One forward and backward of module on x's rows: output, x's and the parameters' gradients, state after."""
+    x = x.clone().requires_grad_(True)
+    module.zero_grad(set_to_none=True)
+    out = module(x)
+    out.backward(dout)
+    return {"out": out.detach(), "x_grad": x.grad,
+            "grads": {name: p.grad.clone() for name, p in module.named_parameters()},
+            "state": {k: v.clone() for k, v in module.state_dict().items()}}  # fmt: skip
+
+
 def _rank_main(rank: int, world: int, store: str, momentum, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         model = gemmbn.convert_sync_batchnorm(_model(momentum))
         assert isinstance(model, gemmbn.GemmScaleBatchNorm) and model.process_group is not None
-        begin = sum(ROWS[:rank])
-        results = []
-        for step in range(STEPS):
-            x, dout = _batches(step)
-            x = x[begin:begin + ROWS[rank]].clone().requires_grad_(True)
-            model.zero_grad(set_to_none=True)
-            out = model(x)
-            out.backward(dout[begin:begin + ROWS[rank]])
-            grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-            results.append({"out": out.detach(), "x_grad": x.grad, "grads": grads,
-                            "state": {k: v.clone() for k, v in model.state_dict().items()}})  # fmt: skip
+        rows = slice(sum(ROWS[:rank]), sum(ROWS[:rank + 1]))
+        results = [_step(model, *(t[rows] for t in _batches(step))) for step in range(STEPS)]
         # Eval normalizes with the running statistics: no collective may run (one would raise here).
         model.eval()
         real_all_gather, dist.all_gather = dist.all_gather, None
@@ -70,17 +72,7 @@ def _rank_main(rank: int, world: int, store: str, momentum, out_dir: str) -> Non
 
 def _single_process(momentum) -> list[dict]:
     reference = _model(momentum)
-    results = []
-    for step in range(STEPS):
-        x, dout = _batches(step)
-        x = x.clone().requires_grad_(True)
-        reference.zero_grad(set_to_none=True)
-        out = reference(x)
-        out.backward(dout)
-        results.append({"out": out.detach(), "x_grad": x.grad,
-                        "grads": {name: p.grad.clone() for name, p in reference.named_parameters()},
-                        "state": {k: v.clone() for k, v in reference.state_dict().items()}})  # fmt: skip
-    return results
+    return [_step(reference, *_batches(step)) for step in range(STEPS)]
 
 
 @pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "momentum_none"])

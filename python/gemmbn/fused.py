@@ -211,8 +211,7 @@ def batch_norm_backward(
     """
     _C = extension()
     M, N = dout.shape
-    need_dz, need_dgamma, need_dbeta, need_dbias, need_dscale = outputs
-    dz = torch.empty_like(dout) if need_dz else None
+    dz = torch.empty_like(dout) if outputs[0] else None
     dgamma, dbeta, dbias, dscale = (dout.new_empty(N) if need else None for need in outputs[1:])
     with _on_device(dout) as stream:
         size = _backward_workspace_bytes(_DTYPE_NAMES[dout.dtype], M, N, dout.device.index)
