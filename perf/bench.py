@@ -264,7 +264,7 @@ def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config:
         note = "gemm_scale_stats without the statistics node: y = (xW^T + b) s"
         split = {}
         if config.name == "fp32":  # the fp32-faithful GEMM; its weight split once, untimed (as the module caches it)
-            split = weight_cache.split_gemm_arguments(w, x.shape[0], stream)
+            split = weight_cache.split_gemm_arguments(w, x.shape[0])
             note += ", split fp32 GEMM (row_scales + GEMM)"
         # stream-K rows only; the row chosen for a launch without partials
         workspace = gemm_workspace(x, w.shape[0], x.shape[1], split=bool(split), statistics=False)

@@ -51,7 +51,7 @@ def breakdown(M: int, K: int, N: int, dtype: torch.dtype, precision: str, iters:
     stream = torch.cuda.current_stream().cuda_stream
     extra = {"workspace": gemm_workspace(x, N, K, split=split)}  # stream-K rows only, else None
     if split:
-        extra.update(weight_cache.split_gemm_arguments(w, M, stream))
+        extra.update(weight_cache.split_gemm_arguments(w, M))
     rm, rv = model.bn.running_mean, model.bn.running_var
     gamma, beta = model.bn.weight.detach(), model.bn.bias.detach()
     times = {

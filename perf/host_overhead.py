@@ -51,8 +51,9 @@ def print_profile(fn, calls: int, rows: int) -> None:
 
 
 def binding_calls(drop_in, x: torch.Tensor, calls: int) -> None:
-    """Host us per call of each gemmbn._C function the training forward calls, capsules included."""
-    C = _native.extension()
+    """Host us per call of the training forward's operator alone, and of the gemmbn._C functions that did its
+    work before (capsules included)."""
+    C, ops = _native.extension(), _native.operators()
     weight, bias, scale = drop_in.gemm.weight.detach(), drop_in.gemm.bias.detach(), drop_in.scale.detach()
     gamma, beta = drop_in.bn.weight.detach(), drop_in.bn.bias.detach()
     (M, K), N = x.shape, weight.shape[0]
@@ -74,12 +75,15 @@ def binding_calls(drop_in, x: torch.Tensor, calls: int) -> None:
         "finish_normalize": lambda: C.finish_normalize(d(y), d(y), d(partial_means), d(partial_m2s), tile_rows,
                                                        d(gamma), d(beta), None, None, None, 0.1, 1e-5,
                                                        d(save_mean), d(save_invstd), stream),
-        # What the forward calls: both launches, one capsule per array.
-        "train_forward": lambda: C.train_forward(d(x), d(weight), d(y), None, d(bias), d(scale), d(gamma), d(beta),
+        # What the forward calls: the operator (checks, plan, allocations, stream, both launches in C++).
+        "operator": lambda: ops.train_forward(x, weight, bias, scale, gamma, beta, None, None, None, 0.1, 1e-5,
+                                              None, None, False),
+        # The same through the nanobind binding, its allocations made beforehand, one capsule per array.
+        "_C.train_forward": lambda: C.train_forward(d(x), d(weight), d(y), None, d(bias), d(scale), d(gamma), d(beta),
                                                  None, None, None, d(partials), 0.1, 1e-5, d(save_mean),
                                                  d(save_invstd), stream, workspace=workspace),
     }
-    print("  gemmbn._C calls alone (capsules made in the call):")
+    print("  native calls alone (gemmbn._C: capsules made in the call):")
     for label, fn in candidates.items():
         host, device = per_call_us(fn, calls)
         print(f"    {label:18s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")

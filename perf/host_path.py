@@ -1,27 +1,25 @@
-"""The Python host path of gemmbn's forward and backward, timed on the CPU with gemmbn._C replaced by no-ops.
+"""The Python host path of gemmbn's forward and backward, timed on the CPU with gemmbn's operators replaced by no-ops.
 
     python perf/host_path.py [--size M K N] [--dtype float32|bfloat16] [--calls 20000] [--profile]
 
 No GPU is needed: the tensors are CPU tensors, the device checks are patched to accept them and every
-extension call returns at once, so what is timed is the Python the forward runs before (and after)
-its one binding call: the module's lookups, validation, the layout plan, allocations and DLPack
-capsules. At small shapes that host time is the forward's latency on the GPU (the device waits for
-the launch), so a change here can be measured without a device; on the H200's host the same path
-takes ~3x as long (perf/host_overhead.py measures it there against eager and torch.compile).
+operator call returns at once, so what is timed is the Python the forward runs before (and after) its one
+operator call: the module's lookups, validation and the layout plan. At small shapes that host time is the
+forward's latency on the GPU (the device waits for the launch), so a change here can be measured without a
+device; on the H200's host the same path takes ~3x as long (perf/host_overhead.py measures it there against
+eager and torch.compile).
 
-Not measured: the binding call itself (its argument checks and the two launches), the CUDA caching
-allocator (CPU tensors use the CPU allocator: the allocation rows are only indicative) and the
-current-stream query. Each timed forward must reach the stubbed train_forward/eval_forward exactly
-once, or the script stops: a fallback to the reference would time the wrong path. The backward rows
-(a training step's forward and backward through autograd, and the backward alone) stub the kernel call
-and the two gradient GEMMs (backward._matmul returns an empty result: the GEMMs' own dispatch costs as
-much as eager's), and each must reach the stubbed batch_norm_backward once.
+Not measured: the operator call itself (the dispatcher, its argument checks, allocations through the caching
+allocator, the current-stream query and the launches). Each timed forward must reach the stubbed
+train_forward/eval_forward exactly once, or the script stops: a fallback to the reference would time the wrong
+path. The backward rows (a training step's forward and backward through autograd, and the backward alone) stub
+the kernel call and the two gradient GEMMs (backward._matmul returns an empty result: the GEMMs' own dispatch
+costs as much as eager's), and each must reach the stubbed batch_norm_backward once.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import time
 import types
@@ -30,47 +28,34 @@ from collections.abc import Callable
 import torch
 from gemmbn import GemmScaleBatchNorm, backward, functional, fused, ops, plan
 from host_overhead import print_profile
-from torch.utils.dlpack import to_dlpack
 
 
-class StubExtension(types.SimpleNamespace):
-    """gemmbn._C's functions the forward calls, as no-ops that count their calls."""
+class StubOperators(types.SimpleNamespace):
+    """gemmbn's native operators (_native.operators()) as no-ops that count their calls and return outputs of
+    the right shapes, allocated once (in the real operators C++ allocates them: not timed here)."""
 
-    def __init__(self, tile_rows: int) -> None:
+    def __init__(self, M: int, N: int, dtype: torch.dtype) -> None:
         super().__init__(calls={"train_forward": 0, "eval_forward": 0, "batch_norm_backward": 0})
-        self.tile_rows = tile_rows
+        self.mn, self.n = torch.empty(M, N, dtype=dtype), torch.empty(N, dtype=dtype)
+        self.stats = torch.empty(N)
 
-    def train_forward(self, *args, **kwargs) -> None:
+    def train_forward(self, *args) -> tuple[torch.Tensor, ...]:
         self.calls["train_forward"] += 1
+        return self.mn, self.mn, self.stats, self.stats
 
-    def eval_forward(self, *args, **kwargs) -> None:
+    def eval_forward(self, *args) -> torch.Tensor:
         self.calls["eval_forward"] += 1
+        return self.mn
 
-    def batch_norm_backward(self, *args, **kwargs) -> None:
+    def batch_norm_backward(self, *args) -> tuple[torch.Tensor, ...]:
         self.calls["batch_norm_backward"] += 1
-
-    def batch_norm_backward_workspace_bytes(self, *args, **kwargs) -> int:
-        return 0
-
-    def gemm_config(self, *args, **kwargs) -> tuple[int, int]:
-        return self.tile_rows, 0
-
-    def gemm_workspace_bytes(self, *args, **kwargs) -> int:
-        return 0
+        return self.mn, self.n, self.n, self.n, self.n
 
 
-@contextlib.contextmanager
-def _stream_zero(x: torch.Tensor):
-    yield 0
-
-
-def install_stub(tile_rows: int) -> StubExtension:
-    """Route the fused path to a StubExtension with CPU tensors (this process only)."""
-    stub = StubExtension(tile_rows)
-    fused.extension = lambda: stub
-    fused._on_device = _stream_zero
-    fused._gemm_plan.cache_clear()
-    fused._backward_workspace_bytes.cache_clear()
+def install_stub(M: int, N: int, dtype: torch.dtype) -> StubOperators:
+    """Route the fused path to a StubOperators with CPU tensors (this process only)."""
+    stub = StubOperators(M, N, dtype)
+    fused.operators = lambda: stub
     plan.fused_unavailable_reason = lambda x: None
     backward._matmul = lambda route, a, b: a.new_empty((a.shape[0], b.shape[1]))  # the GEMM itself: eager's cost
     return stub
@@ -100,7 +85,7 @@ def main() -> None:
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
     torch.set_float32_matmul_precision("high")  # TF32 for float32: the split GEMM's weight cache needs CUDA
-    stub = install_stub(tile_rows=64)
+    stub = install_stub(M, N, dtype)
     torch.manual_seed(0)
     module = GemmScaleBatchNorm(K, N, (N,), dtype=dtype)
     evaluating = copy.deepcopy(module).eval()  # its own module: switching modes costs ~5 us a call
@@ -108,7 +93,6 @@ def main() -> None:
     gemm, bn = module.gemm, module.bn
     weight, bias, scale = gemm.weight.detach(), gemm.bias.detach(), module.scale.detach()
     gamma, beta, rm, rv, nbt = bn.weight.detach(), bn.bias.detach(), bn.running_mean, bn.running_var, bn.num_batches_tracked
-    vectors = (weight, bias, scale, gamma, beta, rm, rv, nbt)
     rows = {
         "module forward, train": ("train_forward", lambda: module(x)),
         "module forward, eval": ("eval_forward", lambda: evaluating(x)),
@@ -121,7 +105,6 @@ def main() -> None:
         "  functional._validate": (None, lambda: functional._validate(
             x, weight, bias, scale, gamma, beta, rm, rv, nbt, True, 1e-5)),
         "  ops._prepare": (None, lambda: ops._prepare(x, weight, bias, scale, gamma, beta, rm, rv, 1e-5, nbt)),
-        "  16 DLPack capsules": (None, lambda: [to_dlpack(t) for t in (x, *vectors, *vectors[:-1])]),
     }
     x_grad = x.clone().requires_grad_(True)
     dout = torch.randn(M, N, dtype=dtype)
@@ -137,7 +120,7 @@ def main() -> None:
         "backward alone, train": ({"batch_norm_backward": 1}, lambda: backward.linear_scale_bn_backward(
             dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, True, [True] * 6, "high")),
     }
-    print(f"{M}x{K}->{N} {args.dtype}, gemmbn._C stubbed, CPU tensors, torch {torch.__version__}, "
+    print(f"{M}x{K}->{N} {args.dtype}, gemmbn's operators stubbed, CPU tensors, torch {torch.__version__}, "
           f"median of 5 rounds of {args.calls // 5} calls")
     with torch.no_grad():
         for label, (entry, fn) in rows.items():
@@ -151,7 +134,7 @@ def main() -> None:
         print_profile(training_step, calls, rows=20)
 
 
-def _time_row(label: str, fn: Callable[[], object], stub: StubExtension, entries: dict | None, calls: int) -> None:
+def _time_row(label: str, fn: Callable[[], object], stub: StubOperators, entries: dict | None, calls: int) -> None:
     """Print fn's host time per call; with ``entries`` (stub name -> calls per call), stop unless every call
     reached exactly those stubbed entry points (a fallback to the reference would time the wrong path)."""
     before = dict(stub.calls)

@@ -48,7 +48,7 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
     flops = 2 * M * N * K
     split_args = {}
     if split:  # the weight split once, untimed: the module caches it per weight version
-        split_args = weight_cache.split_gemm_arguments(w, M, stream)
+        split_args = weight_cache.split_gemm_arguments(w, M)
     candidates = []  # (row dict, fn)
     for index, config in enumerate(C.gemm_configs(dtype_name, split)):
         tile_m, _ = C.gemm_config(dtype_name, M, N, K, index, split)

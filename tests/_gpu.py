@@ -26,10 +26,17 @@ CONFIGS = {
 
 
 def require_extension() -> None:
-    """Fail (not skip) where an sm90 GPU is present but the extension is not built."""
+    """Fail (not skip) where an sm90 GPU is present but the extension or the operators are not built."""
     module, reason = _native._load()
-    if module is None and not ALLOW_FALLBACK:
+    reason = reason or _native.load_operators()
+    if reason is not None and not ALLOW_FALLBACK:
         pytest.fail(f"an sm90 GPU is present but {reason}; build it (pip install .) to test the kernels")
+
+
+def poison_next_allocation(shape, dtype=torch.float32) -> None:
+    """Leave a NaN-filled block of this size in torch's caching allocator, which hands it to the next allocation of
+    that size on this stream: how an operator's own outputs are poisoned before its kernel writes them."""
+    torch.full(shape, float("nan"), dtype=dtype, device=DEVICE)
 
 
 @contextlib.contextmanager

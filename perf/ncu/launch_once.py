@@ -38,7 +38,7 @@ stream = torch.cuda.current_stream().cuda_stream
 stats = (None, None) if args.no_stats else (partials[0], partials[1])
 split = {"workspace": gemm_workspace(x, N, K, split=args.split)}  # stream-K rows only, else None
 if args.split:
-    split.update(weight_cache.split_gemm_arguments(w, M, stream))
+    split.update(weight_cache.split_gemm_arguments(w, M))
 C.gemm_scale_stats(x, w, y, b, s, None, None, *stats, None, stream, **split)
 if not args.no_stats:
     C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None, None, 0.1, 1e-5,

@@ -1,4 +1,4 @@
-"""The fp32-faithful GEMM's weight operand (gemmbn._C.split_weight), cached against the weight's version.
+"""The fp32-faithful GEMM's weight operand (the gemmbn::split_weight operator), cached against the weight's version.
 
 split_weight turns W [N, K] (float32) into scaled fp16 hi/lo parts in the kernel's layout plus a
 per-row power of two; it reads W once (~0.03 ms at 4096x4096), a small part of a forward but wasted
@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch.utils.dlpack import to_dlpack
 
-from ._native import extension
+from ._native import extension, operators
 
 
 @dataclass
@@ -44,18 +43,13 @@ def clear() -> None:
         _entries.clear()
 
 
-def split_now(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
-    """(weight_split, weight_unscale) of a contiguous float32 [N, K] CUDA tensor, made on ``stream``, uncached."""
-    _C = extension()
-    N, K = weight.shape
-    weight_split = torch.empty((N, _C.split_weight_columns(K)), dtype=torch.float16, device=weight.device)
-    weight_unscale = torch.empty(N, dtype=torch.float32, device=weight.device)
-    _C.split_weight(to_dlpack(weight.detach()), to_dlpack(weight_split), to_dlpack(weight_unscale), stream)
-    return weight_split, weight_unscale
+def split_now(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(weight_split, weight_unscale) of a contiguous float32 [N, K] CUDA tensor, made on the current stream, uncached."""
+    return operators().split_weight(weight)
 
 
-def split_weight(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
-    """(weight_split, weight_unscale) of a contiguous float32 CUDA weight, made on ``stream`` when stale.
+def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(weight_split, weight_unscale) of a contiguous float32 CUDA weight, made on the current stream when stale.
 
     The split is made on the stream of the forward that first needs it, and the GEMM after it runs on
     that stream too, so no event is needed: a later forward on another stream is ordered by the
@@ -63,7 +57,7 @@ def split_weight(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
     """
     version = _version(weight)
     if version is None or torch.cuda.is_current_stream_capturing():
-        return split_now(weight, stream)
+        return split_now(weight)
     key = id(weight)
     with _lock:
         entry = _entries.get(key)
@@ -75,17 +69,17 @@ def split_weight(weight: Tensor, stream: int) -> tuple[Tensor, Tensor]:
             and entry.shape == weight.shape
         ):
             return entry.weight_split, entry.weight_unscale
-    weight_split, weight_unscale = split_now(weight, stream)
+    weight_split, weight_unscale = split_now(weight)
     owner = weakref.ref(weight, lambda _, key=key: _evict(key))
     with _lock:
         _entries[key] = _Entry(owner, weight.data_ptr(), version, weight.shape, weight_split, weight_unscale)
     return weight_split, weight_unscale
 
 
-def split_gemm_arguments(weight: Tensor, rows: int, stream: int) -> dict[str, Tensor]:
-    """gemm_scale_stats's keyword arguments for the split GEMM of ``rows`` rows of x against ``weight``:
-    the (cached) split weight and a fresh x_scale workspace (row_scales fills it inside the call)."""
-    weight_split, weight_unscale = split_weight(weight, stream)
+def split_gemm_arguments(weight: Tensor, rows: int) -> dict[str, Tensor]:
+    """gemmbn._C.gemm_scale_stats's keyword arguments (perf tools) for the split GEMM of ``rows`` rows of x against
+    ``weight``: the (cached) split weight and a fresh x_scale workspace (row_scales fills it inside the call)."""
+    weight_split, weight_unscale = split_weight(weight)
     x_scale = torch.empty(extension().row_scale_count(rows), dtype=torch.float32, device=weight.device)
     return {"weight_split": weight_split, "weight_unscale": weight_unscale, "x_scale": x_scale}
 

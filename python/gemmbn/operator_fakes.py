@@ -1,0 +1,61 @@
+"""Fake (meta) implementations of the native operators (python/csrc/operators.cpp): the shapes and dtypes of
+their outputs, so that torch.compile, torch.export and torch.library.opcheck can trace them without running them.
+
+Registered by _native.load_operators once the library has defined the operators.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .reference import statistics_dtype
+
+
+def _train_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, momentum,
+                   eps, weight_split, weight_unscale, keep_pre_norm):  # fmt: skip
+    M, N = x.shape[0], weight.shape[0]
+    out = x.new_empty((M, N))
+    pre_norm = x.new_empty((M, N) if keep_pre_norm else (0,))
+    stats = statistics_dtype(x.dtype)
+    return out, pre_norm, x.new_empty(N, dtype=stats), x.new_empty(N, dtype=stats)
+
+
+def _eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, weight_split, weight_unscale):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _linear_scale(x, weight, bias, scale, weight_split, weight_unscale):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+def _split_weight(weight: Tensor):
+    N, K = weight.shape
+    columns = -(-K // 32) * 64  # api.h's split_weight_columns: hi and lo of every 32-column slice, zero-padded
+    return weight.new_empty((N, columns), dtype=torch.float16), weight.new_empty(N, dtype=torch.float32)
+
+
+def _transpose_padded(input: Tensor):
+    R, C = input.shape
+    return input.new_empty((C, -(-R // 4) * 4))
+
+
+def _batch_norm_backward(dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics, outputs):
+    M, N = dout.shape
+    shapes = ((M, N), (N,), (N,), (N,), (N,))  # dz, dgamma, dbeta, dbias, dscale
+    return tuple(dout.new_empty(shape if outputs >> i & 1 else (0,)) for i, shape in enumerate(shapes))
+
+
+_FAKES = {
+    "train_forward": _train_forward,
+    "eval_forward": _eval_forward,
+    "linear_scale": _linear_scale,
+    "split_weight": _split_weight,
+    "transpose_padded": _transpose_padded,
+    "batch_norm_backward": _batch_norm_backward,
+}
+
+
+def register() -> None:
+    for name, fake in _FAKES.items():
+        torch.library.register_fake(f"gemmbn::{name}", fake)

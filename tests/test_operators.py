@@ -1,0 +1,80 @@
+"""gemmbn's native operators (python/csrc/operators.cpp) without a GPU: the stable-ABI library loads into this
+torch, registers every operator with its schema (mutated arguments annotated), refuses CPU tensors by name
+before touching anything, and its fakes give the shapes and dtypes the GPU operators return."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from gemmbn import _native
+
+M, K, N = 48, 100, 24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _operators_loaded():
+    module, reason = _native._load()
+    if module is None:
+        pytest.skip(f"nothing is built here ({reason})")
+    # Where the extension is built the operators must be too: a build without them is a defect, not a skip.
+    assert _native.load_operators() is None, _native.load_operators()
+
+
+def _op(name):
+    return getattr(torch.ops.gemmbn, name).default
+
+
+def test_every_operator_is_registered_and_only_the_running_buffers_are_mutated():
+    for name in _native.OPERATOR_NAMES:
+        schema = _op(name)._schema
+        written = {arg.name for arg in schema.arguments if arg.alias_info is not None and arg.alias_info.is_write}
+        expected = {"running_mean", "running_var", "num_batches_tracked"} if name == "train_forward" else set()
+        assert written == expected, (name, written)
+
+
+def _train_arguments(device="cpu", dtype=torch.float32, keep_pre_norm=True):
+    vector = lambda: torch.randn(N, dtype=dtype, device=device)  # noqa: E731
+    return [torch.randn(M, K, dtype=dtype, device=device), torch.randn(N, K, dtype=dtype, device=device), vector(),
+            vector(), vector(), vector(), vector(), torch.rand(N, dtype=dtype, device=device) + 0.5,
+            torch.zeros((), dtype=torch.int64, device=device), 0.1, 1e-5, None, None, keep_pre_norm]  # fmt: skip
+
+
+def test_cpu_tensors_are_refused_by_name_and_nothing_moves():
+    args = _train_arguments()
+    running = [t.clone() for t in args[6:9]]
+    with pytest.raises(RuntimeError, match="gemmbn: x must be a CUDA tensor"):
+        _op("train_forward")(*args)
+    for before, after in zip(running, args[6:9]):
+        assert torch.equal(before, after)
+    dout = torch.randn(M, N)
+    with pytest.raises(RuntimeError, match="gemmbn: dout must be a CUDA tensor"):
+        _op("batch_norm_backward")(dout, None, torch.zeros(N), torch.ones(N), None, torch.ones(N),
+                                   torch.randn(M, K), torch.randn(N, K), None, True, 31)  # fmt: skip
+    with pytest.raises(RuntimeError, match="gemmbn: weight must be a CUDA tensor"):
+        _op("split_weight")(torch.randn(N, K))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fakes_give_the_output_shapes(dtype):
+    with FakeTensorMode():
+        for keep in (True, False):
+            out, pre_norm, mean, invstd = _op("train_forward")(*_train_arguments(dtype=dtype, keep_pre_norm=keep))
+            assert (out.shape, out.dtype, pre_norm.shape) == ((M, N), dtype, (M, N) if keep else (0,))
+            assert (mean.shape, mean.dtype, invstd.shape, invstd.dtype) == ((N,), torch.float32, (N,), torch.float32)
+        args = _train_arguments(dtype=dtype)
+        evaluated = _op("eval_forward")(*args[:6], args[6], args[7], 1e-5, None, None)
+        assert (evaluated.shape, evaluated.dtype) == ((M, N), dtype)
+        assert _op("linear_scale")(args[0], args[1], None, None, None, None).shape == (M, N)
+        dz, dgamma, dbeta, dbias, dscale = _op("batch_norm_backward")(
+            torch.randn(M, N, dtype=dtype), None, torch.zeros(N), torch.ones(N), None, args[3], args[0], args[1],
+            None, False, 0b00101,
+        )  # fmt: skip
+        assert [t.shape for t in (dz, dgamma, dbeta, dbias, dscale)] == [(M, N), (0,), (N,), (0,), (0,)]
+        assert dz.dtype == dtype
+    with FakeTensorMode():
+        weight_split, weight_unscale = _op("split_weight")(torch.randn(N, K))
+        # K = 100 -> 4 slices of 32 columns, each as an fp16 hi and lo half (api.h's split_weight_columns).
+        assert (weight_split.shape, weight_split.dtype, weight_unscale.shape) == ((N, 256), torch.float16, (N,))
+        assert _op("transpose_padded")(torch.randn(M + 1, K)).shape == (K, M + 4)
