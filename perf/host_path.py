@@ -4,7 +4,7 @@
 
 No GPU is needed: the tensors are CPU tensors, the device checks are patched to accept them and every
 operator call returns at once, so what is timed is the Python the forward runs before (and after) its one
-operator call: the module's lookups, validation and the layout plan. At small shapes that host time is the
+operator call: the module's lookups, validation. At small shapes that host time is the
 forward's latency on the GPU (the device waits for the launch), so a change here can be measured without a
 device; on the H200's host the same path takes ~3x as long (perf/host_overhead.py measures it there against
 eager and torch.compile).
@@ -26,7 +26,7 @@ import types
 from collections.abc import Callable
 
 import torch
-from gemmbn import GemmScaleBatchNorm, backward, functional, fused, ops, plan
+from gemmbn import GemmScaleBatchNorm, backward, functional, fused, ops
 from host_overhead import print_profile
 
 
@@ -56,7 +56,7 @@ def install_stub(M: int, N: int, dtype: torch.dtype) -> StubOperators:
     """Route the fused path to a StubOperators with CPU tensors (this process only)."""
     stub = StubOperators(M, N, dtype)
     fused.operators = lambda: stub
-    plan.fused_unavailable_reason = lambda x: None
+    ops.fused_unavailable_reason = backward.fused_unavailable_reason = lambda x: None
     backward._matmul = lambda route, a, b: a.new_empty((a.shape[0], b.shape[1]))  # the GEMM itself: eager's cost
     return stub
 
@@ -104,7 +104,6 @@ def main() -> None:
             x, weight, bias, scale, gamma, beta, rm, rv, nbt, 0.1, 1e-5, "tf32", False)),
         "  functional._validate": (None, lambda: functional._validate(
             x, weight, bias, scale, gamma, beta, rm, rv, nbt, True, 1e-5)),
-        "  ops._prepare": (None, lambda: ops._prepare(x, weight, bias, scale, gamma, beta, rm, rv, 1e-5, nbt)),
     }
     x_grad = x.clone().requires_grad_(True)
     dout = torch.randn(M, N, dtype=dtype)

@@ -4,13 +4,17 @@ graph), a refused call moving nothing, and the operators' outputs against the mo
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import requires_sm90
+from test_fallback import LAYOUTS, _vectors
 
 from _gpu import DEVICE, poison_next_allocation, require_extension
 
-from gemmbn import _native, fused
+from gemmbn import GemmBnFallbackWarning, _native, fallback, fused, fused_plan, ops, reference
+from gemmbn.precision import float32_matmul_precision
 from gemmbn.tolerances import output_tolerance, relative_error
 
 pytestmark = [pytest.mark.gpu, requires_sm90]
@@ -136,3 +140,38 @@ def test_fused_train_forward_counts_the_buffer_updates():
 
 def test_the_library_is_the_one_loaded():
     assert _native.load_operators() is None
+
+
+@pytest.mark.parametrize("layout", [name for name in LAYOUTS if name != "empty_batch"])
+def test_the_operators_refuse_what_fused_plan_predicts_and_the_fallback_runs(layout):
+    """gemmbn.fused_plan's verdict ahead of a call agrees with what the operator does: it runs the kernels where the
+    plan says so, and refuses (before touching the running statistics) where the plan names a reason, after which
+    the call falls back to the PyTorch reference, warning, with the reference's own result."""
+    dtype, M, K_, N_, overrides, expected = LAYOUTS[layout]
+    torch.manual_seed(0)
+    x, weight = torch.randn(M, K_, device=DEVICE).to(dtype), torch.randn(N_, K_, device=DEVICE).to(dtype)
+    vectors = {name: (t.to(DEVICE) if t.is_contiguous() else torch.randn(2 * N_, device=DEVICE)[::2])
+               for name, t in _vectors(N_, dtype, **overrides).items()}  # fmt: skip
+    counter = torch.tensor(0, device=DEVICE)
+    plan = fused_plan(x, weight, vectors, 1e-5, counter)
+    assert (plan is None) == (expected is None)
+    before = {name: t.clone() for name, t in vectors.items()}
+    reference_vectors = {name: t.clone() for name, t in vectors.items()}
+    fallback.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GemmBnFallbackWarning)
+        out = ops._train_impl(x, weight, vectors["bias"], vectors["scale"], vectors["gamma"], vectors["beta"],
+                              vectors["running_mean"], vectors["running_var"], counter, 0.1, 1e-5, "high", False)[0]
+    refusals = [str(w.message) for w in caught if issubclass(w.category, GemmBnFallbackWarning)]
+    assert len(refusals) == (0 if plan is None else 1), refusals
+    if plan is not None:  # the reference's result, running statistics included (the refusal moved nothing first)
+        v = reference_vectors
+        with float32_matmul_precision("high"):  # as the fallback runs it for precision="high"
+            expected_out = reference.linear_scale_batch_norm(
+                x, weight, v["bias"], v["scale"], v["gamma"], v["beta"], v["running_mean"], v["running_var"],
+                torch.tensor(0, device=DEVICE), True, 0.1, 1e-5)[0]  # fmt: skip
+        assert torch.equal(out, expected_out)
+        for name in ("running_mean", "running_var"):
+            assert torch.equal(vectors[name], v[name]), name
+    else:
+        assert not torch.equal(vectors["running_mean"], before["running_mean"])  # the kernels updated it

@@ -6,6 +6,7 @@
 // The kernels' math is in kernels/include/gemmbn/api.h; python/gemmbn/fused.py is the Python side.
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -26,6 +27,8 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 using OptionalTensor = std::optional<Tensor>;
 
+// A refusal: the arguments do not suit the kernels, and nothing was launched or written. Its message starts with
+// "gemmbn: ", which is how python/gemmbn/fused.py tells it from a failure (and falls back to PyTorch).
 [[noreturn]] void fail(const std::string& message) { throw std::runtime_error("gemmbn: " + message); }
 
 const char* dtype_name(ScalarType t) {
@@ -120,23 +123,68 @@ cudaStream_t current_stream(int32_t device) {
   return static_cast<cudaStream_t>(stream);
 }
 
+// The kernels' own argument checks are refusals too; a CUTLASS or CUDA error is a failure, reported as such.
 void raise_on_error(const gemmbn::Status& s) {
   if (s) return;
-  std::string what = s.message;
+  if (s.code == gemmbn::Status::invalid_argument || s.code == gemmbn::Status::unsupported) fail(s.message);
+  std::string what = std::string("gemmbn failed ") + s.message;
   if (s.code == gemmbn::Status::cuda_error) what += std::string(": ") + cudaGetErrorString(s.cuda);
-  fail(what);
+  throw std::runtime_error(what);
 }
 
-Tensor empty(const Tensor& like, std::vector<int64_t> shape, ScalarType dtype) {
-  return torch::stable::new_empty(like, shape, dtype);
+int32_t aoti_dtype(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return aoti_torch_dtype_float32();
+    case ScalarType::BFloat16: return aoti_torch_dtype_bfloat16();
+    case ScalarType::Half: return aoti_torch_dtype_float16();
+    case ScalarType::Long: return aoti_torch_dtype_int64();
+    default: return aoti_torch_dtype_uint8();
+  }
 }
+
+// A new contiguous tensor on like's device, from torch's caching allocator. AOTInductor's C shim allocates without a
+// trip through the dispatcher (torch::stable::new_empty boxes an aten::new_empty call: several microseconds each).
+Tensor empty(const Tensor& like, std::vector<int64_t> shape, ScalarType dtype) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t stride = 1;
+  for (size_t d = shape.size(); d-- > 0;) strides[d] = stride, stride *= std::max<int64_t>(shape[d], 1);
+  AtenTensorHandle handle = nullptr;
+  if (aoti_torch_empty_strided(int64_t(shape.size()), shape.data(), strides.data(), aoti_dtype(dtype),
+                               aoti_torch_device_type_cuda(), like.get_device_index(), &handle) != AOTI_TORCH_SUCCESS) {
+    throw std::runtime_error("gemmbn failed to allocate a tensor of " + std::to_string(stride) + " elements");
+  }
+  return Tensor(handle);
+}
+
+// One allocation for a call's scratch arrays (partials, row scales, a stream-K workspace), each 256-byte aligned.
+class Scratch {
+ public:
+  size_t add(size_t bytes) {
+    const size_t offset = size_;
+    size_ += (bytes + 255) / 256 * 256;
+    return offset;
+  }
+  void allocate(const Tensor& like) {
+    if (size_ == 0) return;
+    buffer_ = empty(like, {int64_t(size_)}, ScalarType::Byte);
+    base_ = static_cast<char*>(buffer_->data_ptr());
+  }
+  template <typename T>
+  T* at(size_t offset) const { return reinterpret_cast<T*>(base_ + offset); }
+
+ private:
+  size_t size_ = 0;
+  std::optional<Tensor> buffer_;
+  char* base_ = nullptr;
+};
 
 // gemm_scale_stats's arguments for y = (x W^T + b) s: x, weight, bias, scale and, for the fp32-faithful GEMM
 // (float32 with weight_split and weight_unscale: split_weight's output), the split weight and a fresh x_scale.
+// x_scale's place is reserved in `scratch` (*x_scale_at); bind_scratch points the arguments at it once allocated.
 gemmbn::GemmScaleStatsArgs gemm_arguments(const Tensor& x, const Tensor& weight, const OptionalTensor& bias,
                                           const OptionalTensor& scale, const OptionalTensor& weight_split,
-                                          const OptionalTensor& weight_unscale, const Problem& p,
-                                          std::optional<Tensor>& x_scale) {
+                                          const OptionalTensor& weight_unscale, const Problem& p, Scratch& scratch,
+                                          std::optional<size_t>& x_scale_at) {
   if (weight.dim() != 2) fail("weight must be 2-D, got shape " + shape_string(weight));
   gemmbn::GemmScaleStatsArgs a;
   a.dtype = p.kernel_dtype;
@@ -153,22 +201,27 @@ gemmbn::GemmScaleStatsArgs gemm_arguments(const Tensor& x, const Tensor& weight,
     if (p.dtype != ScalarType::Float) fail("weight_split (the fp32-faithful GEMM) needs float32 x");
     check(*weight_split, "weight_split", p, ScalarType::Half, {a.N, gemmbn::split_weight_columns(a.K)});
     check(*weight_unscale, "weight_unscale", p, ScalarType::Float, {a.N});
-    x_scale = empty(x, {gemmbn::row_scale_count(a.M)}, ScalarType::Float);
+    x_scale_at = scratch.add(sizeof(float) * gemmbn::row_scale_count(a.M));
     a.weight_split = weight_split->data_ptr();
     a.weight_unscale = static_cast<const float*>(weight_unscale->data_ptr());
-    a.x_scale = static_cast<float*>(x_scale->data_ptr());
   }
   return a;
 }
 
-// The stream-K rows' workspace (partial accumulators and flags), sized for a's row; none for the other rows.
-std::optional<Tensor> attach_workspace(gemmbn::GemmScaleStatsArgs& a, const Tensor& like) {
+// The stream-K rows' workspace (partial accumulators and flags), sized for a's row, reserved in the scratch; none
+// for the other rows. Reads whether a's partials are given (set them, to any pointer, first).
+std::optional<size_t> reserve_workspace(gemmbn::GemmScaleStatsArgs& a, Scratch& scratch) {
   size_t bytes = 0;
   raise_on_error(gemmbn::gemm_workspace_bytes(a, bytes));
   if (bytes == 0) return std::nullopt;
-  Tensor workspace = empty(like, {int64_t(bytes)}, ScalarType::Byte);
-  a.workspace = workspace.data_ptr(), a.workspace_bytes = bytes;
-  return workspace;
+  a.workspace_bytes = bytes;
+  return scratch.add(bytes);
+}
+
+void bind_scratch(gemmbn::GemmScaleStatsArgs& a, const Scratch& scratch, std::optional<size_t> x_scale_at,
+                  std::optional<size_t> workspace_at) {
+  if (x_scale_at) a.x_scale = scratch.at<float>(*x_scale_at);
+  if (workspace_at) a.workspace = scratch.at<void>(*workspace_at);
 }
 
 // (out, pre_norm, save_mean, save_invstd): y = (x W^T + b) s; out = (y - mean) invstd gamma + beta with the batch
@@ -180,8 +233,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
     bool keep_pre_norm) {
   const Problem p = problem_of(x, "x");
   torch::stable::accelerator::DeviceGuard guard(p.device);
-  std::optional<Tensor> x_scale;
-  gemmbn::GemmScaleStatsArgs g = gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, x_scale);
+  Scratch scratch;
+  std::optional<size_t> x_scale_at;
+  gemmbn::GemmScaleStatsArgs g =
+      gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, scratch, x_scale_at);
   const int64_t M = g.M, N = g.N;
   int row[gemmbn::kConfigFields];
   if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(g), -1, g.M, g.N, g.K, row, true)) fail("no GEMM configuration");
@@ -191,12 +246,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   Tensor y = empty(x, {M, N}, p.dtype);
   // Normalize in place unless y itself is kept for the backward.
   Tensor out = keep_pre_norm ? empty(x, {M, N}, p.dtype) : y;
-  // Per (row block, column) mean and M2 of y as stored: the means, then the M2s.
-  Tensor partials = empty(x, {2, tiles, N}, ScalarType::Float);
   Tensor save_mean = empty(x, {N}, ScalarType::Float);
   Tensor save_invstd = empty(x, {N}, ScalarType::Float);
+  // Per (row block, column) mean and M2 of y as stored: the means, then the M2s.
+  const size_t partials_at = scratch.add(sizeof(float) * 2 * tiles * N);
+  static float statistics_marker;  // the workspace query reads only whether partials are given
+  g.partial_mean = g.partial_m2 = &statistics_marker;
+  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
+  scratch.allocate(x);
+  bind_scratch(g, scratch, x_scale_at, workspace_at);
   g.y = y.data_ptr();
-  g.partial_mean = static_cast<float*>(partials.data_ptr());
+  g.partial_mean = scratch.at<float>(partials_at);
   g.partial_m2 = g.partial_mean + tiles * N;
 
   gemmbn::FinishNormalizeArgs f;
@@ -225,7 +285,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   f.eps = eps;
   f.save_mean = static_cast<float*>(save_mean.data_ptr());
   f.save_invstd = static_cast<float*>(save_invstd.data_ptr());
-  std::optional<Tensor> workspace = attach_workspace(g, x);
   raise_on_error(gemmbn::train_forward(g, f, current_stream(p.device)));
   Tensor pre_norm = keep_pre_norm ? y : empty(x, {0}, p.dtype);
   return {out, pre_norm, save_mean, save_invstd};
@@ -238,8 +297,10 @@ Tensor eval_forward(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, 
                     OptionalTensor weight_split, OptionalTensor weight_unscale) {
   const Problem p = problem_of(x, "x");
   torch::stable::accelerator::DeviceGuard guard(p.device);
-  std::optional<Tensor> x_scale;
-  gemmbn::GemmScaleStatsArgs g = gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, x_scale);
+  Scratch scratch;
+  std::optional<size_t> x_scale_at;
+  gemmbn::GemmScaleStatsArgs g =
+      gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, scratch, x_scale_at);
   const int64_t M = g.M, N = g.N;
   gemmbn::FoldEvalAffineArgs f;
   f.dtype = p.kernel_dtype;
@@ -251,11 +312,13 @@ Tensor eval_forward(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, 
   if (!(eps > 0)) fail("eps = " + std::to_string(eps) + " is not positive (the kernels need sqrt(var + eps) > 0)");
   f.eps = eps;
   Tensor out = empty(x, {M, N}, p.dtype);
-  Tensor affine = empty(x, {2, N}, ScalarType::Float);  // the folded gain, then the shift
-  f.gain = static_cast<float*>(affine.data_ptr()), f.shift = f.gain + N;
+  const size_t affine_at = scratch.add(sizeof(float) * 2 * N);  // the folded gain, then the shift
+  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
+  scratch.allocate(x);
+  bind_scratch(g, scratch, x_scale_at, workspace_at);
+  f.gain = scratch.at<float>(affine_at), f.shift = f.gain + N;
   g.gain = f.gain, g.shift = f.shift;
   g.y = out.data_ptr();
-  std::optional<Tensor> workspace = attach_workspace(g, x);
   const cudaStream_t stream = current_stream(p.device);
   // The fold writes only the affine scratch, so a GEMM refused after it leaves the caller's state as it was.
   raise_on_error(gemmbn::fold_eval_affine(f, stream));
@@ -269,11 +332,15 @@ Tensor linear_scale(Tensor x, Tensor weight, OptionalTensor bias, OptionalTensor
                     OptionalTensor weight_unscale) {
   const Problem p = problem_of(x, "x");
   torch::stable::accelerator::DeviceGuard guard(p.device);
-  std::optional<Tensor> x_scale;
-  gemmbn::GemmScaleStatsArgs g = gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, x_scale);
+  Scratch scratch;
+  std::optional<size_t> x_scale_at;
+  gemmbn::GemmScaleStatsArgs g =
+      gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, scratch, x_scale_at);
   Tensor y = empty(x, {int64_t(g.M), int64_t(g.N)}, p.dtype);
   g.y = y.data_ptr();
-  std::optional<Tensor> workspace = attach_workspace(g, x);
+  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
+  scratch.allocate(x);
+  bind_scratch(g, scratch, x_scale_at, workspace_at);
   raise_on_error(gemmbn::gemm_scale_stats(g, current_stream(p.device)));
   return y;
 }

@@ -16,6 +16,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
+_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The operators use LibTorch's stable ABI as of torch 2.10 (CMakeLists.txt: TORCH_TARGET_VERSION).
 OPERATORS_MIN_TORCH = (2, 10)
 OPERATOR_NAMES = ("train_forward", "eval_forward", "linear_scale", "split_weight", "transpose_padded",
@@ -44,6 +45,26 @@ def load_operators() -> str | None:
 
     operator_fakes.register()
     return None
+
+
+# How a refusal's message starts (operators.cpp's fail()); a launch that failed reads "gemmbn failed ...".
+_REFUSAL = "gemmbn: "
+
+
+class Refused(Exception):
+    """An operator refused its arguments (the message says why); nothing was launched or written."""
+
+
+def call(operator, *args):
+    """operator(*args) with a refusal raised as Refused (anything else propagates as it is): the callers fall back
+    to PyTorch on Refused, so the kernels' layout requirements are checked once, in C++."""
+    try:
+        return operator(*args)
+    except RuntimeError as error:
+        message = str(error)
+        if message.startswith(_REFUSAL):
+            raise Refused(message.removeprefix(_REFUSAL)) from None
+        raise
 
 
 @functools.cache
@@ -83,6 +104,8 @@ def fused_unavailable_reason(x: Tensor) -> str | None:
     """None when the native path can run on x's device; else why not (CPU, no extension, not sm90)."""
     if not x.is_cuda:
         return f"x is on {x.device.type}; the fused kernels need an sm90 (Hopper) GPU"
+    if x.dtype not in _FUSED_DTYPES:
+        return f"dtype {x.dtype} has no fused kernel (float32, bfloat16 and float16 do)"
     module, reason = _load()
     if module is None:
         return reason

@@ -26,8 +26,9 @@ import os
 import torch
 from torch import Tensor
 
-from . import fused, plan
+from . import fused
 from . import precision as precision_mod
+from ._native import Refused, fused_unavailable_reason
 from .fallback import warn_once
 from .reference import linear_scale, statistics_dtype
 
@@ -135,11 +136,12 @@ def _reference_grads(
     return dx, dW, db, ds
 
 
-def _route(x: Tensor, weight: Tensor, vectors: dict, precision: str) -> str:
-    """The GEMM kind (precision.resolve) where the fused backward can run, else REFERENCE (warning once why)."""
+def _route(x: Tensor, precision: str) -> str:
+    """The GEMM kind (precision.resolve) where the fused backward may run (the device and build allow it; the
+    operators still check the layout), else REFERENCE (warning once why)."""
     if not FUSED:
         return REFERENCE
-    reason = plan.backward_reason(x, weight, vectors)
+    reason = fused_unavailable_reason(x)
     if reason is None:
         return precision_mod.resolve(x.dtype, precision)
     warn_once(reason)
@@ -178,15 +180,17 @@ def linear_scale_bn_backward(
         dbeta = dout.sum(0, dtype=statistics_dtype(dout.dtype)).to(beta.dtype) if needs[5] else None
         return (None,) * 5 + (dbeta,)
     y = pre_norm if pre_norm.numel() else None
-    route = _route(x, weight, {"bias": bias, "scale": scale, "gamma": gamma, "pre_norm": y}, precision)
-    # xhat is needed, or (fused) y for ds: y was not kept (eval), make it again.
-    if y is None and (needs[4] or batch_statistics or (needs[3] and route != REFERENCE)):
-        if route == REFERENCE:
-            y = linear_scale(x, weight, bias, scale)
-        else:
-            y = fused.linear_scale(*(None if t is None else _operand(t) for t in (x, weight, bias, scale)), route)
+    route = _route(x, precision)
     if route != REFERENCE:
-        return _fused_grads(route, dout, x, weight, bias, scale, gamma, y, mean, invstd, batch_statistics, needs)
+        try:
+            # y was not kept (eval) but ds needs it, or dgamma xhat: make it again.
+            if y is None and (needs[4] or batch_statistics or needs[3]):
+                y = fused.linear_scale(*(None if t is None else _operand(t) for t in (x, weight, bias, scale)), route)
+            return _fused_grads(route, dout, x, weight, bias, scale, gamma, y, mean, invstd, batch_statistics, needs)
+        except Refused as refusal:  # the operators checked the layout before running anything
+            warn_once(str(refusal))
+    if y is None and (needs[4] or batch_statistics):  # xhat is needed: y was not kept (eval), make it again
+        y = linear_scale(x, weight, bias, scale)
     grad_y, dbeta, dgamma, sum_grad_y, sum_grad_y_y = _normalization_grads_reference(
         dout, y, mean, invstd, gamma, batch_statistics
     )

@@ -1,9 +1,11 @@
 """The fused (native) paths: one call each into gemmbn's torch operators (python/csrc/operators.cpp).
 
-Callers have checked eligibility with plan.fused_plan. Each operator checks its arguments again, picks the
-GEMM's configuration row, allocates its outputs and workspace from torch's caching allocator and launches on
-torch's current stream of the inputs' device, all in C++: nothing here synchronizes with the host, so the
-paths are CUDA-graph capturable. Where the GEMM is short the host's work before the first launch is the
+Each operator checks its arguments (dtypes, shapes, devices, contiguity, alignment), picks the GEMM's
+configuration row, allocates its outputs and workspace from torch's caching allocator and launches on torch's
+current stream of the inputs' device, all in C++: nothing here synchronizes with the host, so the paths are
+CUDA-graph capturable. Arguments the kernels cannot take are refused before anything runs, and the refusal
+surfaces here as ``Refused`` with the reason: the callers fall back to PyTorch on it, so the layout is checked
+once, in C++. Where the GEMM is short the host's work before the first launch is the
 forward's latency (the GPU waits for it), which is why a forward is a single operator call.
 
 The operators are reached through their OpOverloads, looked up once (_native.operators()): torch.ops attribute
@@ -19,6 +21,7 @@ from torch.autograd.graph import increment_version
 from . import precision as precision_mod
 from . import weight_cache
 from ._native import extension, operators
+from ._native import call as _call
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -50,8 +53,9 @@ def train_forward(
     Returns (out, pre_norm, save_mean, save_invstd) like reference.linear_scale_batch_norm (pre_norm is y when
     ``keep_pre_norm``, else empty and out was normalized in place).
     """
-    result = operators().train_forward(
-        x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, momentum, eps,
+    result = _call(
+        operators().train_forward, x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+        momentum, eps,
         *_split_weight(weight, gemm_kind), keep_pre_norm,
     )  # fmt: skip
     # The kernels wrote the buffers from C++, which autograd does not see: count the in-place updates.
@@ -72,9 +76,8 @@ def eval_forward(
     gemm_kind: str,
 ) -> Tensor:
     """Running-statistics forward: out = ((xW^T + b) s) g + c with g = gamma/sqrt(rv + eps), c = beta - rm g."""
-    return operators().eval_forward(
-        x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, *_split_weight(weight, gemm_kind)
-    )
+    split = _split_weight(weight, gemm_kind)
+    return _call(operators().eval_forward, x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, *split)
 
 
 # --- backward ---------------------------------------------------------------------------------
@@ -100,7 +103,8 @@ def batch_norm_backward(
     statistics when not ``batch_statistics``); y may be None only then, and neither dgamma nor dscale asked for.
     """
     mask = sum(1 << i for i, need in enumerate(outputs) if need)
-    grads = operators().batch_norm_backward(dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics, mask)
+    grads = _call(operators().batch_norm_backward, dout, y, mean, invstd, gamma, scale, x, weight, bias,
+                  batch_statistics, mask)  # fmt: skip
     return tuple(grad if need else None for grad, need in zip(grads, outputs))
 
 
@@ -108,19 +112,19 @@ def matmul(a: Tensor, b_rows: Tensor, gemm_kind: str) -> Tensor:
     """a @ b_rows^T in float32 on gemmbn's GEMM (no epilogue): a [M, K], b_rows [N, K], contiguous float32, K and
     N multiples of 4; the fp32-faithful split GEMM or TF32. For the split GEMM b_rows is split on every call (the
     backward's operands change every step; the weight cache would keep each one alive)."""
-    split = operators().split_weight(b_rows) if gemm_kind == precision_mod.SPLIT_FP32 else (None, None)
-    return operators().linear_scale(a, b_rows, None, None, *split)
+    split = _call(operators().split_weight, b_rows) if gemm_kind == precision_mod.SPLIT_FP32 else (None, None)
+    return _call(operators().linear_scale, a, b_rows, None, None, *split)
 
 
 def transpose_padded(t: Tensor) -> Tensor:
     """t [R, C] (contiguous float32) transposed into a new [C, R'], R' = R rounded up to a multiple of 4, the
     columns past R zero: the split GEMM's operand where the reduction runs down t's columns."""
-    return operators().transpose_padded(t)
+    return _call(operators().transpose_padded, t)
 
 
 def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, gemm_kind: str) -> Tensor:
     """y = (x W^T + b) s on the fused GEMM without statistics (the eval backward's y; scale None: 1)."""
-    return operators().linear_scale(x, weight, bias, scale, *_split_weight(weight, gemm_kind))
+    return _call(operators().linear_scale, x, weight, bias, scale, *_split_weight(weight, gemm_kind))
 
 
 # --- tuning and profiling tools (perf/): single kernels through gemmbn._C ----------------------

@@ -5,7 +5,8 @@
 - ``gemmbn::linear_scale_bn_eval``: forward with the running statistics.
 - ``gemmbn::linear_scale_bn_backward``: the gradients of either (backward.py), one operator per backward.
 
-Each implementation decides once: the fused kernels when plan.fused_plan allows them, else the
+Each implementation decides once: the fused kernels where the device and build allow them and the native
+operator accepts the arguments (it checks the layout itself and refuses before anything runs), else the
 PyTorch reference, with a GemmBnFallbackWarning naming the reason (once per reason).
 
 How calls reach them (``forward_train`` and ``forward_eval`` below):
@@ -28,24 +29,18 @@ from torch import Tensor
 
 from . import backward, fused, reference
 from . import precision as precision_mod
+from ._native import Refused, fused_unavailable_reason
 from .fallback import warn_once
-from .plan import fused_plan
 
 
 def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None else t.contiguous()
 
 
-def _prepare(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, batches_tracked=None):
-    """Contiguous operands (x, weight, bias, scale, gamma, beta) and plan.fused_plan's verdict on them.
-
-    The running statistics are updated in place, so they are never copied: the plan checks them as given.
-    """
-    operands = tuple(map(_contiguous, (x, weight, bias, scale, gamma, beta)))
-    x, weight, bias, scale, gamma, beta = operands
-    vectors = {"bias": bias, "scale": scale, "gamma": gamma, "beta": beta,
-               "running_mean": running_mean, "running_var": running_var}  # fmt: skip
-    return operands, fused_plan(x, weight, vectors, eps, batches_tracked)
+def _contiguous_operands(*operands: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
+    """x, weight, bias, scale, gamma, beta as the kernels read them (the running statistics are updated in place,
+    so they are never copied: the operator checks them as given)."""
+    return tuple(map(_contiguous, operands))
 
 
 def _output_dtype(x: Tensor, scale: Tensor) -> torch.dtype:
@@ -86,14 +81,16 @@ def _train_impl(
     reference.check_batch_size(x.shape[0], weight.shape[0])
     if x.shape[0] == 0:
         return _empty_batch_train(x, weight, scale, num_batches_tracked, keep_pre_norm)
-    (x, weight, bias, scale, gamma, beta), reason = _prepare(
-        x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, num_batches_tracked
-    )
+    reason = fused_unavailable_reason(x)
     if reason is None:
-        return fused.train_forward(
-            x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
-            momentum, eps, precision_mod.resolve(x.dtype, precision), keep_pre_norm,
-        )  # fmt: skip
+        x, weight, bias, scale, gamma, beta = _contiguous_operands(x, weight, bias, scale, gamma, beta)
+        try:
+            return fused.train_forward(
+                x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+                momentum, eps, precision_mod.resolve(x.dtype, precision), keep_pre_norm,
+            )  # fmt: skip
+        except Refused as refusal:
+            reason = str(refusal)
     warn_once(reason)
     with precision_mod.float32_matmul_precision(precision):
         return reference.linear_scale_batch_norm(
@@ -253,12 +250,14 @@ def _eval_impl(
     if x.shape[0] == 0:  # no rows: nothing to compute (and no fallback to warn about)
         return x.new_empty((0, weight.shape[0]), dtype=_output_dtype(x, scale))
     precision = precision_mod.normalize(precision)
-    (x, weight, bias, scale, gamma, beta), reason = _prepare(
-        x, weight, bias, scale, gamma, beta, running_mean, running_var, eps
-    )
+    reason = fused_unavailable_reason(x)
     if reason is None:
+        x, weight, bias, scale, gamma, beta = _contiguous_operands(x, weight, bias, scale, gamma, beta)
         gemm_kind = precision_mod.resolve(x.dtype, precision)
-        return fused.eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, gemm_kind)
+        try:
+            return fused.eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, gemm_kind)
+        except Refused as refusal:
+            reason = str(refusal)
     warn_once(reason)
     with precision_mod.float32_matmul_precision(precision):
         out, _, _, _ = reference.linear_scale_batch_norm(

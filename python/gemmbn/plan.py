@@ -1,4 +1,9 @@
-"""Whether a call can take the fused path: one function answers, with the reason when it cannot."""
+"""Whether a call can take the fused path, answered ahead of the call: ``gemmbn.fused_plan`` (public).
+
+The forward and backward do not ask it: they call the native operators, which check the same facts in C++ and
+refuse before anything runs (the callers then fall back). This module mirrors those checks for users who want
+the verdict up front; tests/test_operators_gpu.py holds the two to the same answers.
+"""
 
 from __future__ import annotations
 
@@ -60,12 +65,6 @@ def layout_reason(
     if not eps > 0:
         return f"eps={eps} is not positive (the kernels need sqrt(var + eps) > 0)"
     return None
-
-
-def backward_reason(x: Tensor, weight: Tensor, vectors: dict[str, Tensor | None]) -> str | None:
-    """None when the fused backward can run on the forward's saved tensors, else why not. The backward makes
-    its operands contiguous and aligned itself, so only the device, dtypes and sizes matter."""
-    return fused_unavailable_reason(x) or _size_reason(x, weight, _present(weight, vectors))
 
 
 def fused_plan(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._native import extension, operators
+from ._native import call, extension, operators
 
 
 @dataclass
@@ -45,7 +45,7 @@ def clear() -> None:
 
 def split_now(weight: Tensor) -> tuple[Tensor, Tensor]:
     """(weight_split, weight_unscale) of a contiguous float32 [N, K] CUDA tensor, made on the current stream, uncached."""
-    return operators().split_weight(weight)
+    return call(operators().split_weight, weight)
 
 
 def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
