@@ -2,7 +2,7 @@
 # Same-call A/B of two gemmbn package trees (Python and extension together: a host-side change), so the
 # host's speed and the GPU's clocks are shared:
 #   bash perf/ab_trees.sh OUT_DIR TREE_A TREE_B ROUNDS -- SCRIPT [ARGS...]
-# TREE_A and TREE_B each hold a gemmbn/ package with its _C*.so (e.g. `git archive` of a commit's
+# TREE_A and TREE_B each hold a gemmbn/ package with its _operators.so (e.g. `git archive` of a commit's
 # python/gemmbn plus that commit's gpu_session.sh build output). Runs `python3 SCRIPT ARGS` ROUNDS times
 # per tree, alternating A, B, A, B, ..., with PYTHONPATH=TREE; logs OUT_DIR/<tree name>_<round>.txt.
 set -euo pipefail
@@ -12,7 +12,7 @@ shift 4
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
 for tree in "$tree_a" "$tree_b"; do
-  ls "$tree"/gemmbn/_C*.so >/dev/null || { echo "no gemmbn/_C*.so in $tree" >&2; exit 2; }
+  ls "$tree"/gemmbn/_operators.so >/dev/null || { echo "no gemmbn/_operators.so in $tree" >&2; exit 2; }
 done
 for ((round = 0; round < rounds; ++round)); do
   for tree in "$tree_a" "$tree_b"; do

@@ -43,9 +43,9 @@ except ImportError:
 
 import report
 import shapes
-from gemmbn import _native, fallback, timing, weight_cache
+from gemmbn import _native, debug, fallback, timing
 from gemmbn import precision as precision_mod
-from gemmbn.fused import gemm_workspace
+from gemmbn.debug import gemm_workspace
 
 COLUMNS = ["set", "M", "K", "N", "provider", "dtype", "precision", "mode", "median_ms", "min_ms", "max_ms",
            "tflops", "gbps", "speedup_vs_eager", "speedup_vs_compile", "note"]  # fmt: skip
@@ -258,17 +258,16 @@ def _callable(provider: str, mode: str, model, drop_in, x: torch.Tensor, config:
     if provider == "cublas":
         return (lambda: torch.addmm(b, x, w.t())), "torch.addmm: GEMM + bias"
     if provider == "gemmbn-gemm-only":
-        C = _native.extension()
+        C = debug
         y = torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
         note = "gemm_scale_stats without the statistics node: y = (xW^T + b) s"
         split = {}
         if config.name == "fp32":  # the fp32-faithful GEMM; its weight split once, untimed (as the module caches it)
-            split = weight_cache.split_gemm_arguments(w, x.shape[0])
+            split = debug.split_gemm_arguments(w, x.shape[0])
             note += ", split fp32 GEMM (row_scales + GEMM)"
         # stream-K rows only; the row chosen for a launch without partials
         workspace = gemm_workspace(x, w.shape[0], x.shape[1], split=bool(split), statistics=False)
-        return (lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream, workspace=workspace,
+        return (lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, workspace=workspace,
                                            **split)), note
     raise ValueError(provider)
 

@@ -17,8 +17,8 @@ import statistics
 
 import torch
 
-from gemmbn import GemmScaleBatchNorm, _native, weight_cache
-from gemmbn.fused import gemm_workspace
+from gemmbn import GemmScaleBatchNorm, debug
+from gemmbn.debug import gemm_workspace
 
 
 def _time(fn, iters: int, warmup: int = 5) -> float:
@@ -37,7 +37,7 @@ def _time(fn, iters: int, warmup: int = 5) -> float:
 
 
 def breakdown(M: int, K: int, N: int, dtype: torch.dtype, precision: str, iters: int) -> dict[str, float]:
-    C = _native.extension()
+    C = debug
     name = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
     x = torch.rand(M, K, device="cuda", dtype=dtype)
     model = GemmScaleBatchNorm(K, N, (N,), precision=precision).to("cuda", dtype)
@@ -48,21 +48,20 @@ def breakdown(M: int, K: int, N: int, dtype: torch.dtype, precision: str, iters:
     y = torch.empty(M, N, device="cuda", dtype=dtype)
     partials = torch.empty(2, tiles, N, device="cuda")
     save = torch.empty(2, N, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
     extra = {"workspace": gemm_workspace(x, N, K, split=split)}  # stream-K rows only, else None
     if split:
-        extra.update(weight_cache.split_gemm_arguments(w, M))
+        extra.update(debug.split_gemm_arguments(w, M))
     rm, rv = model.bn.running_mean, model.bn.running_var
     gamma, beta = model.bn.weight.detach(), model.bn.bias.detach()
     times = {
         "gemm+stats": _time(lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None,
-                                                       stream, **extra), iters),
-        "gemm": _time(lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream, **extra),
+                                                       **extra), iters),
+        "gemm": _time(lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, **extra),
                       iters),
     }
-    C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, stream, **extra)
+    C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, **extra)
     times["finish"] = _time(lambda: C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta,
-                                                       rm, rv, None, 0.1, 1e-5, save[0], save[1], stream), iters)
+                                                       rm, rv, None, 0.1, 1e-5, save[0], save[1]), iters)
     with torch.no_grad():
         times["forward"] = _time(lambda: model(x), iters)
         previous = torch.get_float32_matmul_precision()

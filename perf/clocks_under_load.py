@@ -28,8 +28,8 @@ try:
     import gemmbn  # noqa: F401 - an installed build (with its extension) wins
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
-from gemmbn import _native  # noqa: E402
-from gemmbn.fused import gemm_workspace  # noqa: E402
+from gemmbn import debug  # noqa: E402
+from gemmbn.debug import gemm_workspace  # noqa: E402
 
 
 def sample_clocks(seconds: float, run_once, bursts: bool) -> tuple[float, float, float]:
@@ -67,8 +67,7 @@ def sample_clocks(seconds: float, run_once, bursts: bool) -> tuple[float, float,
 
 
 def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
-    C = _native.extension()
-    stream = torch.cuda.current_stream().cuda_stream
+    C = debug
     name = str(dtype).removeprefix("torch.")
     x = torch.rand(M, K, device="cuda").to(dtype)
     w = ((torch.rand(N, K, device="cuda") * 2 - 1) / math.sqrt(K)).to(dtype)
@@ -81,8 +80,8 @@ def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
         row_partials = torch.empty(2, -(-M // partial_rows), N, device="cuda")
         workspace = gemm_workspace(x, N, K, config=row)  # stream-K rows only
         fns[f"gemmbn row {row} gemm+stats"] = lambda row=row, pp=row_partials, ws=workspace: C.gemm_scale_stats(
-            x, w, y, b, s, None, None, pp[0], pp[1], None, stream, config=row, workspace=ws)
-    fns["gemmbn row 0 gemm"] = lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, stream,
+            x, w, y, b, s, None, None, pp[0], pp[1], None, config=row, workspace=ws)
+    fns["gemmbn row 0 gemm"] = lambda: C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None,
                                                           config=0)
     fns["cuBLAS addmm"] = lambda: torch.addmm(b, x, wt, out=y)
     fns["cuBLAS mm"] = lambda: torch.mm(x, wt, out=y)

@@ -2,7 +2,7 @@
 # One device call after a kernel change, logs in OUT_DIR (returned as OUT_DIR/session.tgz):
 #   bash perf/gpu_session.sh OUT_DIR [STEP ...]      (carry .whl/ with the CUTLASS wheel; perf/README.md)
 # Steps run in the order given (default: all of them, in this order):
-#   build             pip install with the ptxas report; the extension also lands in OUT_DIR (_C.*.so),
+#   build             pip install with the ptxas report; the operators also land in OUT_DIR (_operators.so),
 #                     so a later call can carry it as python/gemmbn/ and skip the build
 #   smoke             the native GPU tests of the split GEMM and of every configuration row, stopping at
 #                     the first failure (a quick verdict before the long steps)
@@ -31,7 +31,8 @@
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 #   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
 #                     (the short-K shapes' cost), plus tune_gemm.py there over every tile order
-# With a carried python/gemmbn/_C*.so the build is skipped and PYTHONPATH=python uses it.
+# With a carried python/gemmbn/_operators.so the build is skipped and PYTHONPATH=python uses it (one build loads
+# under every torch >= 2.10, so one made on the CPU machine serves).
 # GEMMBN_COMMIT: pass the commit (GEMMBN_COMMIT=abc1234 bash perf/gpu_session.sh ...): the device's copy of
 # .git has been stale, so its rev-parse names an older commit in the CSVs.
 # GEMMBN_SESSION_SECONDS (default 560) caps the whole call: each step's own time limit shrinks to what
@@ -48,10 +49,10 @@ deadline=$(( $(date +%s) + ${GEMMBN_SESSION_SECONDS:-560} ))
 limit() { local left=$(( deadline - $(date +%s) - 10 )); echo $(( left < $1 ? left : $1 )); }
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
-if ls python/gemmbn/_C*.so >/dev/null 2>&1; then
+if [ -f python/gemmbn/_operators.so ]; then
   step "prebuilt extension (carried)"
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
-  python3 -c "import gemmbn._C as c; print('extension', c.__file__)" || exit 1
+  python3 -c "import gemmbn._native as n, sys; r = n.load_operators(); print(r or 'operators: ' + n.__file__.replace('_native.py', '_operators.so')); sys.exit(r is not None)" || exit 1
   steps=${steps//build/}
 fi
 for name in $steps; do
@@ -61,7 +62,7 @@ for name in $steps; do
     build)
       bash perf/run_on_gpu.sh "$out" --build-only || exit 1
       grep "stack frame" "$out/ptxas.txt" | sort | uniq -c
-      (cd /tmp && cp "$(python3 -c 'import gemmbn._C as c; print(c.__file__)')" "$archive_dir/") ;;
+      (cd /tmp && cp "$(python3 -c 'import gemmbn, pathlib; print(pathlib.Path(gemmbn.__file__).with_name("_operators.so"))')" "$archive_dir/") ;;
     smoke)
       timeout $(limit 150) python3 -m pytest -x -q -rs tests/test_native_gpu.py -k "split or every_configuration_row" 2>&1 \
         | tee "$out/smoke.log" | tail -15 ;;

@@ -6,8 +6,8 @@ For gemmbn, eager and torch.compile: wall time of `calls` forwards issued back t
 synchronization at the end, divided by `calls`. While the GPU work per forward is shorter than the
 host's, this is the host cost per forward (the GPU time per forward is printed beside it, from CUDA
 events around the whole loop, to show which side bounds it). --profile adds gemmbn's cProfile table
-(the extension's functions are not Python functions to cProfile: their time shows in their callers'
-tottime) and the host time of each gemmbn._C call a forward makes, alone, with its DLPack capsules.
+(the operators are not Python functions to cProfile: their time shows in their callers' tottime) and the host
+time of the forward's operator call alone, beside the single-kernel calls (gemmbn.debug) it replaces.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import pstats
 import time
 
 import torch
-from gemmbn import _native
-from gemmbn.fused import gemm_workspace
+from gemmbn import _native, debug
+from gemmbn.debug import gemm_workspace
 from models import reference_drop_in_compiled
-from torch.utils.dlpack import to_dlpack
 
 
 def per_call_us(fn, calls: int) -> tuple[float, float]:
@@ -50,40 +49,29 @@ def print_profile(fn, calls: int, rows: int) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(rows)
 
 
-def binding_calls(drop_in, x: torch.Tensor, calls: int) -> None:
-    """Host us per call of the training forward's operator alone, and of the gemmbn._C functions that did its
-    work before (capsules included)."""
-    C, ops = _native.extension(), _native.operators()
+def operator_calls(drop_in, x: torch.Tensor, calls: int) -> None:
+    """Host us per call of the training forward's operator alone, and of the two single-kernel calls that do its
+    launches into buffers allocated beforehand."""
+    ops = _native.operators()
     weight, bias, scale = drop_in.gemm.weight.detach(), drop_in.gemm.bias.detach(), drop_in.scale.detach()
     gamma, beta = drop_in.bn.weight.detach(), drop_in.bn.bias.detach()
     (M, K), N = x.shape, weight.shape[0]
     name = str(x.dtype).removeprefix("torch.")
-    tile_rows, _ = C.gemm_config(name, M, N, K)
+    tile_rows, _ = debug.gemm_config(name, M, N, K)
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
-    partials = torch.empty(2, -(-M // tile_rows), N, device=x.device)
-    partial_means, partial_m2s = partials
+    partial_means, partial_m2s = torch.empty(2, -(-M // tile_rows), N, device=x.device)
     save_mean, save_invstd = torch.empty(2, N, device=x.device)
-    stream = torch.cuda.current_stream().cuda_stream
     workspace = gemm_workspace(x, N, K)  # stream-K rows only, else None
-    d = to_dlpack
     candidates = {
-        "10 x to_dlpack": lambda: [d(t) for t in (x, weight, y, bias, scale, partial_means, partial_m2s, y, y, y)],
-        "gemm_config": lambda: C.gemm_config(name, M, N, K),
-        "gemm_scale_stats": lambda: C.gemm_scale_stats(d(x), d(weight), d(y), d(bias), d(scale), None, None,
-                                                       d(partial_means), d(partial_m2s), None, stream,
-                                                       workspace=workspace),
-        "finish_normalize": lambda: C.finish_normalize(d(y), d(y), d(partial_means), d(partial_m2s), tile_rows,
-                                                       d(gamma), d(beta), None, None, None, 0.1, 1e-5,
-                                                       d(save_mean), d(save_invstd), stream),
-        # What the forward calls: the operator (checks, plan, allocations, stream, both launches in C++).
+        # What the forward calls: checks, plan, allocations, stream, both launches in C++.
         "operator": lambda: ops.train_forward(x, weight, bias, scale, gamma, beta, None, None, None, 0.1, 1e-5,
                                               None, None, False),
-        # The same through the nanobind binding, its allocations made beforehand, one capsule per array.
-        "_C.train_forward": lambda: C.train_forward(d(x), d(weight), d(y), None, d(bias), d(scale), d(gamma), d(beta),
-                                                 None, None, None, d(partials), 0.1, 1e-5, d(save_mean),
-                                                 d(save_invstd), stream, workspace=workspace),
+        "gemm_scale_stats": lambda: debug.gemm_scale_stats(x, weight, y, bias, scale, None, None, partial_means,
+                                                           partial_m2s, None, workspace=workspace),
+        "finish_normalize": lambda: debug.finish_normalize(y, y, partial_means, partial_m2s, tile_rows, gamma, beta,
+                                                           None, None, None, 0.1, 1e-5, save_mean, save_invstd),
     }
-    print("  native calls alone (gemmbn._C: capsules made in the call):")
+    print("  native calls alone:")
     for label, fn in candidates.items():
         host, device = per_call_us(fn, calls)
         print(f"    {label:18s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
@@ -109,7 +97,7 @@ def main() -> None:
         if args.profile:
             print_profile(lambda: drop_in(x), args.calls, rows=15)
             torch.cuda.synchronize()
-            binding_calls(drop_in, x, args.calls)
+            operator_calls(drop_in, x, args.calls)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a GPU machine that has torch, nvcc, cmake, ninja, nanobind and scikit-build-core but no
+# One call on a GPU machine that has torch, nvcc, cmake, ninja and scikit-build-core but no
 # package registry: build (with the ptxas report), GPU tests, main job. Logs go to OUT_DIR.
 #   bash perf/run_on_gpu.sh [OUT_DIR] [--build-only | pytest args (default: tests)]
 # The CUTLASS wheel travels in .whl/ (nvidia_cutlass-4.2.0.0-py3-none-any.whl).
@@ -36,7 +36,7 @@ grep -E "Compiling entry|stack frame|Used [0-9]+ registers" "$out/build.log" \
 echo "ptxas: $(grep -c 'stack frame' "$out/ptxas.txt") kernels; nonzero stack/spill lines:"
 grep "stack frame" "$out/ptxas.txt" | grep -v "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" || echo "  none"
 
-cd /tmp && python3 -c "import gemmbn, gemmbn._C; print('extension loaded from', gemmbn._C.__file__)" && cd - >/dev/null
+cd /tmp && python3 -c "import gemmbn._native as n, sys; r = n.load_operators(); print(r or 'operators: ' + n.__file__.replace('_native.py', '_operators.so')); sys.exit(r is not None)" && cd - >/dev/null
 [ "${1:-}" != "--build-only" ] || exit 0
 [ $# -gt 0 ] || set -- tests
 python3 -m pytest -q -rs "$@" 2>&1 | tee "$out/tests.log" | tail -40

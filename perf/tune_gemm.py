@@ -26,8 +26,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench import Timer
-from gemmbn import _native, weight_cache
-from gemmbn.fused import gemm_workspace
+from gemmbn import debug
+from gemmbn.debug import gemm_workspace
 
 # name -> (dtype, split)
 OPERANDS = {"float32": (torch.float32, False), "bfloat16": (torch.bfloat16, False),
@@ -35,7 +35,7 @@ OPERANDS = {"float32": (torch.float32, False), "bfloat16": (torch.bfloat16, Fals
 
 
 def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, timer: Timer) -> list[dict]:
-    C = _native.extension()
+    C = debug
     dtype, split = OPERANDS[name]
     dtype_name = str(dtype).removeprefix("torch.")
     torch.manual_seed(0)
@@ -44,11 +44,10 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
     b = torch.rand(N, device="cuda", dtype=dtype)
     s = torch.randn(N, device="cuda", dtype=dtype)
     y = torch.empty(M, N, device="cuda", dtype=dtype)
-    stream = torch.cuda.current_stream().cuda_stream
     flops = 2 * M * N * K
     split_args = {}
     if split:  # the weight split once, untimed: the module caches it per weight version
-        split_args = weight_cache.split_gemm_arguments(w, M)
+        split_args = debug.split_gemm_arguments(w, M)
     candidates = []  # (row dict, fn)
     for index, config in enumerate(C.gemm_configs(dtype_name, split)):
         tile_m, _ = C.gemm_config(dtype_name, M, N, K, index, split)
@@ -63,7 +62,7 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
                 for swizzle in swizzles:
                     def launch(index=index, raster=raster, swizzle=swizzle, partials=partials, splits=splits,
                                workspace=workspace):
-                        C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, stream,
+                        C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None,
                                            config=index, raster=raster, swizzle=swizzle, splits=splits,
                                            workspace=workspace, **split_args)
                     candidates.append(({"dtype": name, "provider": "gemmbn", "row": index, "config": shape,

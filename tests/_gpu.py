@@ -26,9 +26,8 @@ CONFIGS = {
 
 
 def require_extension() -> None:
-    """Fail (not skip) where an sm90 GPU is present but the extension or the operators are not built."""
-    module, reason = _native._load()
-    reason = reason or _native.load_operators()
+    """Fail (not skip) where an sm90 GPU is present but the operators are not built."""
+    reason = _native.load_operators()
     if reason is not None and not ALLOW_FALLBACK:
         pytest.fail(f"an sm90 GPU is present but {reason}; build it (pip install .) to test the kernels")
 

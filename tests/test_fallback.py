@@ -60,13 +60,13 @@ def test_cpu_tensor_reason():
     assert fused_unavailable_reason(torch.rand(2, 2)) == "x is on cpu; the fused kernels need an sm90 (Hopper) GPU"
 
 
-def test_missing_extension_is_reported():
-    module, reason = _native._load()
-    if module is not None:
-        pytest.skip("gemmbn._C is built here")
-    assert "gemmbn._C" in reason
-    with pytest.raises(RuntimeError, match="gemmbn._C"):
-        _native.extension()
+def test_missing_build_is_reported():
+    reason = _native.load_operators()
+    if reason is None:
+        pytest.skip("the operators are built here")
+    assert "_operators.so" in reason
+    with pytest.raises(RuntimeError, match="_operators.so"):
+        _native.operators()
 
 
 def _vectors(n=N, dtype=torch.float32, **overrides):

@@ -20,7 +20,7 @@ from _gpu import CONFIGS, DEVICE, fused_path, require_extension
 from _gpu import model as _model
 from _gpu import rand_x as _x
 
-from gemmbn import _native
+from gemmbn import debug
 from gemmbn.precision import float32_matmul_precision
 from gemmbn.reference import float64_forward
 from gemmbn.tolerances import output_tolerance, relative_error
@@ -210,7 +210,7 @@ def test_bitwise_deterministic(dtype, precision, shape):
 
 def test_the_stream_k_shape_takes_a_stream_k_row():
     M, K, N = STREAM_K
-    C = _native.extension()
+    C = debug
     assert C.gemm_configs("float32")[C.gemm_selected_config("float32", M, N, K)]["stream_k"] == 1
 
 

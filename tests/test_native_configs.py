@@ -1,8 +1,14 @@
-"""The native module's configuration tables, without a GPU (runs wherever the extension is built, CI too)."""
+"""The configuration tables (gemmbn.debug over torch.ops.gemmbn_debug), without a GPU (runs wherever the operators
+are built, CI too)."""
 
 import pytest
 
-_C = pytest.importorskip("gemmbn._C", reason="the native extension is not built")
+from gemmbn import _native
+from gemmbn import debug
+
+_REASON = _native.load_operators()
+if _REASON is not None and "is missing" in _REASON:
+    pytest.skip(f"the operators are not built ({_REASON})", allow_module_level=True)
 
 # (dtype, split): the three native operand types and the fp32-faithful split GEMM.
 TABLES = [("float32", False), ("bfloat16", False), ("float16", False), ("float32", True)]
@@ -13,7 +19,7 @@ FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
 def test_every_row_is_a_valid_configuration(dtype, split):
-    rows = _C.gemm_configs(dtype, split)
+    rows = debug.gemm_configs(dtype, split)
     assert rows, "a table without configurations"
     for row in rows:
         assert set(row) == FIELDS
@@ -38,37 +44,37 @@ def test_every_row_is_a_valid_configuration(dtype, split):
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
 def test_gemm_config_reports_the_row_used(dtype, split):
-    rows = _C.gemm_configs(dtype, split)
+    rows = debug.gemm_configs(dtype, split)
     for index, row in enumerate(rows):
-        assert _C.gemm_config(dtype, 1000, 264, 512, index, split) == (row["partial_rows"], row["tile_n"])
-    assert _C.gemm_config(dtype, 16384, 4096, 4096, -1, split) in {(r["partial_rows"], r["tile_n"]) for r in rows}
-    with pytest.raises(ValueError, match="config"):
-        _C.gemm_config(dtype, 1000, 264, 512, len(rows), split)
+        assert debug.gemm_config(dtype, 1000, 264, 512, index, split) == (row["partial_rows"], row["tile_n"])
+    assert debug.gemm_config(dtype, 16384, 4096, 4096, -1, split) in {(r["partial_rows"], r["tile_n"]) for r in rows}
+    with pytest.raises(RuntimeError, match="config"):
+        debug.gemm_config(dtype, 1000, 264, 512, len(rows), split)
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
 def test_workspace_is_asked_for_stream_k_rows_only(dtype, split):
     # Rows without stream-K answer 0 without touching a device; the stream-K rows' size depends on the
     # device's SM count, so tests/test_native_gpu.py checks those.
-    for index, row in enumerate(_C.gemm_configs(dtype, split)):
+    for index, row in enumerate(debug.gemm_configs(dtype, split)):
         if not row["stream_k"]:
-            assert _C.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split) == 0
-            with pytest.raises(ValueError, match="stream-K"):
-                _C.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split, splits=2)
-    with pytest.raises(ValueError, match="config"):
-        _C.gemm_workspace_bytes(dtype, 1000, 264, 512, len(_C.gemm_configs(dtype, split)), split)
+            assert debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split) == 0
+            with pytest.raises(RuntimeError, match="stream-K"):
+                debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split, splits=2)
+    with pytest.raises(RuntimeError, match="config"):
+        debug.gemm_workspace_bytes(dtype, 1000, 264, 512, len(debug.gemm_configs(dtype, split)), split)
 
 
 def test_split_is_float32_only():
-    with pytest.raises(ValueError, match="float32"):
-        _C.gemm_configs("bfloat16", True)
+    with pytest.raises(RuntimeError, match="float32"):
+        debug.gemm_configs("bfloat16", True)
 
 
 def test_split_workspace_sizes():
     # Per 32-column k-tile: 32 hi parts, then 32 lo parts; K rounds up to whole k-tiles.
-    assert [_C.split_weight_columns(K) for K in (4, 32, 36, 4096)] == [64, 64, 128, 8192]
+    assert [debug.split_weight_columns(K) for K in (4, 32, 36, 4096)] == [64, 64, 128, 8192]
     # x's row scales: whole 128-row tiles.
-    assert [_C.row_scale_count(M) for M in (1, 128, 129, 16384)] == [128, 128, 256, 16384]
+    assert [debug.row_scale_count(M) for M in (1, 128, 129, 16384)] == [128, 128, 256, 16384]
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -79,7 +85,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # 64x128 row below), 16-bit data the 1x2-cluster row for M <= 2048; short K beyond two waves the
     # 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit K <= 1024 up to 8); TF32 under a wave of tiles with
     # K > 4096 the cooperative stream-K 128x128 row (row 4). split: 128x128 without a cluster.
-    rows = _C.gemm_configs(dtype, split)
+    rows = debug.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
     if split:
@@ -129,23 +135,23 @@ def test_selection_follows_the_measured_rule(dtype, split):
     short_k_statistics_only = dict.fromkeys(short_k_shapes, (0, 0))
     for (M, K, N), (tf32_row, half_row) in {**expected_rows, **short_k_statistics_only}.items():
         expected = 0 if split else tf32_row if tf32 else half_row
-        assert _C.gemm_selected_config(dtype, M, N, K, split, statistics=False) == expected, (M, K, N)
+        assert debug.gemm_selected_config(dtype, M, N, K, split, statistics=False) == expected, (M, K, N)
         plain_row = (rows[expected]["partial_rows"], rows[expected]["tile_n"])
-        assert _C.gemm_config(dtype, M, N, K, -1, split, statistics=False) == plain_row, (M, K, N)
+        assert debug.gemm_config(dtype, M, N, K, -1, split, statistics=False) == plain_row, (M, K, N)
     for (M, K, N), (tf32_row, half_row) in expected_rows.items():
         expected = 0 if split else tf32_row if tf32 else half_row
-        assert _C.gemm_selected_config(dtype, M, N, K, split) == expected, (M, K, N)
-        assert _C.gemm_config(dtype, M, N, K, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])
+        assert debug.gemm_selected_config(dtype, M, N, K, split) == expected, (M, K, N)
+        assert debug.gemm_config(dtype, M, N, K, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])
 
 
-def test_one_call_forwards_refuse_host_arrays():
-    # The bindings check every array before any CUDA call, so host arrays are refused even where no GPU
-    # is (the GPU tests check the launches and the other refusals).
+def test_single_kernels_refuse_host_tensors():
+    # The operators check every tensor before any CUDA call, so host tensors are refused even where no GPU is
+    # (the GPU tests check the launches and the other refusals).
     torch = pytest.importorskip("torch")
     M, K, N = 8, 16, 16
     x, w, y = torch.rand(M, K), torch.rand(N, K), torch.rand(M, N)
-    partials, save, affine = torch.rand(2, 1, N), torch.rand(N), torch.rand(2, N)
-    with pytest.raises(ValueError, match="x must be a CUDA array"):
-        _C.train_forward(x, w, y, None, None, None, None, None, None, None, None, partials, 0.1, 1e-5, save, save, 0)
-    with pytest.raises(ValueError, match="x must be a CUDA array"):
-        _C.eval_forward(x, w, y, None, None, None, None, save, save, 1e-5, affine, 0)
+    partials, save = torch.rand(2, 1, N), torch.rand(N)
+    with pytest.raises(RuntimeError, match="gemmbn: x must be a CUDA tensor"):
+        debug.gemm_scale_stats(x, w, y, None, None, None, None, partials[0], partials[1], None)
+    with pytest.raises(RuntimeError, match="gemmbn: y must be a CUDA tensor"):
+        debug.finish_normalize(y, y, partials[0], partials[1], 1, None, None, None, None, None, 0.1, 1e-5, save, save)

@@ -1,7 +1,8 @@
-"""The native kernels (gemmbn._C) against float64 references, without the Python layer on top.
+"""The native kernels one at a time (gemmbn.debug over torch.ops.gemmbn_debug) and the forward operators against
+float64 references and against each other, without the Python layer on top.
 
 Outputs and workspaces are poisoned with NaN before each launch, so an element a kernel fails to
-write shows up as NaN. Skipped where there is no sm90 GPU or no built extension.
+write shows up as NaN. Skipped where there is no sm90 GPU; fails where one is but nothing is built.
 """
 
 import math
@@ -11,9 +12,15 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-_C = pytest.importorskip("gemmbn._C", reason="the native extension is not built")
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("needs an sm90 (Hopper) GPU", allow_module_level=True)
+
+from _gpu import poison_next_allocation, require_extension  # noqa: E402
+
+from gemmbn import debug  # noqa: E402
+from gemmbn._native import operators  # noqa: E402
+
+require_extension()
 
 # The GEMM's operand types: name -> (dtype of x, W, y; split). "split" is the fp32-faithful GEMM:
 # float32 data, W through split_weight's scaled fp16 pairs, x split in the kernel.
@@ -34,10 +41,6 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 GEMM_TOL = {"float32": 2e-3, "bfloat16": 1.5e-2, "float16": 2e-3, "split": 1e-6}
 
 
-def _stream():
-    return torch.cuda.current_stream().cuda_stream
-
-
 def _rel(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm()).item()
@@ -48,12 +51,10 @@ def _dtype(name):
 
 
 def _split_operands(w):
-    """split_weight's output for w, poisoned first so an unwritten element shows."""
+    """The split_weight operator's output for w, its allocation poisoned first so an unwritten element shows."""
     N, K = w.shape
-    weight_split = torch.full((N, _C.split_weight_columns(K)), float("nan"), device="cuda", dtype=torch.float16)
-    weight_unscale = torch.full((N,), float("nan"), device="cuda")
-    _C.split_weight(w, weight_split, weight_unscale, _stream())
-    return weight_split, weight_unscale
+    poison_next_allocation((N, debug.split_weight_columns(K)), torch.float16)
+    return operators().split_weight(w)
 
 
 def _problem(M, K, N, dtype, seed=0):
@@ -67,7 +68,7 @@ def _problem(M, K, N, dtype, seed=0):
 
 def _workspace(dtype_name, M, N, K, config=-1, split=False, splits=-1):
     """The stream-K rows' workspace, poisoned (the launch must zero what it relies on), else None."""
-    size = _C.gemm_workspace_bytes(dtype_name, M, N, K, config, split, splits)
+    size = debug.gemm_workspace_bytes(dtype_name, M, N, K, config, split, splits)
     return torch.full((size,), 0xA5, device="cuda", dtype=torch.uint8) if size else None
 
 
@@ -76,13 +77,13 @@ def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swiz
     """One gemm_scale_stats launch of the operand type `name`: (y, partial means, partial M2s, rows per partial)."""
     M, N, K = x.shape[0], w.shape[0], x.shape[1]
     split = OPERANDS[name][1]
-    tile_m, _ = _C.gemm_config(DTYPE_NAMES[x.dtype], M, N, K, config, split)
+    tile_m, _ = debug.gemm_config(DTYPE_NAMES[x.dtype], M, N, K, config, split)
     tiles = -(-M // tile_m)
     y = torch.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
     pm = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
     pm2 = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
     workspace = _workspace(DTYPE_NAMES[x.dtype], M, N, K, config, split, splits)
-    _C.gemm_scale_stats(x, w, y, b, s, gain, shift, pm, pm2, counter, _stream(), config=config, raster=raster,
+    debug.gemm_scale_stats(x, w, y, b, s, gain, shift, pm, pm2, counter, config=config, raster=raster,
                         swizzle=swizzle, splits=splits, workspace=workspace, **_split_keywords(name, w, M))
     return y, pm, pm2, tile_m
 
@@ -133,7 +134,7 @@ def test_split_gemm_ragged_k(M, K, N):
 CONFIG_ROWS = [
     (name, row)
     for name, (dtype, split) in OPERANDS.items()
-    for row in range(len(_C.gemm_configs(DTYPE_NAMES[dtype], split)))
+    for row in range(len(debug.gemm_configs(DTYPE_NAMES[dtype], split)))
 ]
 
 
@@ -145,7 +146,7 @@ def test_every_configuration_row(name, row, raster, swizzle):
 
 
 STREAM_K_ROWS = [(name, row) for name, row in CONFIG_ROWS
-                 if _C.gemm_configs(DTYPE_NAMES[_dtype(name)], OPERANDS[name][1])[row]["stream_k"]]
+                 if debug.gemm_configs(DTYPE_NAMES[_dtype(name)], OPERANDS[name][1])[row]["stream_k"]]
 
 
 @pytest.mark.parametrize("name,row", STREAM_K_ROWS)
@@ -167,13 +168,13 @@ def test_stream_k_workspace_is_checked():
     name, row = STREAM_K_ROWS[0]
     x, w, b, s = _problem(1000, 512, 264, _dtype(name))
     dtype_name = DTYPE_NAMES[x.dtype]
-    size = _C.gemm_workspace_bytes(dtype_name, 1000, 264, 512, row)
+    size = debug.gemm_workspace_bytes(dtype_name, 1000, 264, 512, row)
     assert size > 0
     y = torch.full((1000, 264), float("nan"), device="cuda", dtype=x.dtype)
     short = torch.empty(size - 1, device="cuda", dtype=torch.uint8)
     for workspace in (None, short):
-        with pytest.raises(ValueError, match="workspace"):
-            _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), config=row,
+        with pytest.raises(RuntimeError, match="workspace"):
+            debug.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, config=row,
                                 workspace=workspace)
     torch.cuda.synchronize()
     assert y.isnan().all(), "a refused call must launch nothing"
@@ -182,11 +183,11 @@ def test_stream_k_workspace_is_checked():
 def test_configuration_overrides_are_checked():
     x, w, b, s = _problem(256, 64, 64, torch.float32)
     y = torch.empty(256, 64, device="cuda")
-    rows = len(_C.gemm_configs("float32"))
+    rows = len(debug.gemm_configs("float32"))
     for kwargs, message in (({"config": rows}, "config"), ({"raster": 3}, "raster"), ({"swizzle": 3}, "swizzle"),
                             ({"splits": 2}, "stream-K")):
-        with pytest.raises(ValueError, match=message):
-            _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), **kwargs)
+        with pytest.raises(RuntimeError, match=message):
+            debug.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, **kwargs)
 
 
 @pytest.mark.parametrize("name", list(OPERANDS))
@@ -223,8 +224,8 @@ def test_training_pipeline(name, momentum):
     out = torch.full_like(y, float("nan"))
     save_mean = torch.full((N,), float("nan"), device="cuda")
     save_invstd = torch.full((N,), float("nan"), device="cuda")
-    _C.finish_normalize(y, out, pm, pm2, tile_m, gamma, beta, running_mean, running_var, counter,
-                        momentum, 1e-5, save_mean, save_invstd, _stream())
+    debug.finish_normalize(y, out, pm, pm2, tile_m, gamma, beta, running_mean, running_var, counter,
+                        momentum, 1e-5, save_mean, save_invstd)
     torch.cuda.synchronize()
     assert counter.item() == 5, "the GEMM increments num_batches_tracked exactly once"
 
@@ -265,8 +266,8 @@ def test_finish_survives_an_outlying_first_tile(mean_offset):
     out = torch.full_like(y, float("nan"))
     save_mean = torch.full((N,), float("nan"), device="cuda")
     save_invstd = torch.full((N,), float("nan"), device="cuda")
-    _C.finish_normalize(y, out, pm, pm2, tile_rows, gamma, beta, None, None, None, 0.1, 1e-5, save_mean,
-                        save_invstd, _stream())
+    debug.finish_normalize(y, out, pm, pm2, tile_rows, gamma, beta, None, None, None, 0.1, 1e-5, save_mean,
+                        save_invstd)
     torch.cuda.synchronize()
     y64 = y.double()
     mean64, var64 = y64.mean(0), y64.var(0, unbiased=False)
@@ -301,7 +302,7 @@ def _folded_affine(gamma, beta, rm, rv):
     N = rm.shape[0]
     gain = torch.full((N,), float("nan"), device="cuda")
     shift = torch.full((N,), float("nan"), device="cuda")
-    _C.fold_eval_affine(gamma, beta, rm, rv, 1e-5, gain, shift, _stream())
+    debug.fold_eval_affine(gamma, beta, rm, rv, 1e-5, gain, shift)
     return gain, shift
 
 
@@ -319,13 +320,13 @@ def test_eval_folded_affine(name):
 def test_bad_arguments_raise_and_launch_nothing():
     x, w, b, s = _problem(64, 64, 64, torch.float32)
     y = torch.full((64, 64), float("nan"), device="cuda")
-    with pytest.raises(ValueError, match="weight must have shape"):
-        _C.gemm_scale_stats(x, w[:, :32].contiguous(), y, b, s, None, None, None, None, None, _stream())
-    with pytest.raises(ValueError, match="must be float32"):
-        _C.gemm_scale_stats(x, w, y, b.half(), s, None, None, None, None, None, _stream())
-    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+    with pytest.raises(RuntimeError, match="weight must have shape"):
+        debug.gemm_scale_stats(x, w[:, :32].contiguous(), y, b, s, None, None, None, None, None)
+    with pytest.raises(RuntimeError, match="must be float32"):
+        debug.gemm_scale_stats(x, w, y, b.half(), s, None, None, None, None, None)
+    with pytest.raises(RuntimeError, match="multiple of 16 bytes"):
         x2 = torch.rand(64, 66, device="cuda")
-        _C.gemm_scale_stats(x2, torch.rand(64, 66, device="cuda"), y, b, s, None, None, None, None, None, _stream())
+        debug.gemm_scale_stats(x2, torch.rand(64, 66, device="cuda"), y, b, s, None, None, None, None, None)
     torch.cuda.synchronize()
     assert y.isnan().all(), "a rejected call must not write"
 
@@ -339,7 +340,7 @@ def _train_case(name, M=1000, K=512, N=264, seed=5):
     x, w, b, s = _problem(M, K, N, dtype, seed=seed)
     gamma = (torch.rand(N, device="cuda") + 0.5).to(dtype)
     beta = torch.randn(N, device="cuda").to(dtype)
-    tile_m, _ = _C.gemm_config(DTYPE_NAMES[dtype], M, N, K, -1, OPERANDS[name][1])
+    tile_m, _ = debug.gemm_config(DTYPE_NAMES[dtype], M, N, K, -1, OPERANDS[name][1])
 
     def make_outputs():
         nan = float("nan")
@@ -356,36 +357,41 @@ def _split_keywords(name, w, M):
         return {}
     weight_split, weight_unscale = _split_operands(w)
     return {"weight_split": weight_split, "weight_unscale": weight_unscale,
-            "x_scale": torch.full((_C.row_scale_count(M),), float("nan"), device="cuda")}  # fmt: skip
+            "x_scale": torch.full((debug.row_scale_count(M),), float("nan"), device="cuda")}  # fmt: skip
+
+
+def _operator_split(name, w):
+    """The forward operators' split-weight arguments for `name`: (weight_split, weight_unscale) or (None, None)."""
+    return _split_operands(w) if OPERANDS[name][1] else (None, None)
 
 
 @pytest.mark.parametrize("name", list(OPERANDS))
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_train_forward_is_the_two_launches(name, momentum):
-    # train_forward makes gemm_scale_stats + finish_normalize in one call: bitwise what the two calls give
-    # (test_training_pipeline checks those against float64), both for out given and in place (out None).
+    # The train_forward operator makes gemm_scale_stats + finish_normalize in one call: bitwise what the two
+    # single-kernel calls give (test_training_pipeline checks those against float64), with y kept and in place.
     x, w, b, s, gamma, beta, tile_m, make_outputs = _train_case(name)
     M, N = x.shape[0], w.shape[0]
     dtype, split = x.dtype, _split_keywords(name, w, M)
     workspace = _workspace(DTYPE_NAMES[dtype], M, N, x.shape[1], split=bool(split))
     stats0 = torch.randn(N, device="cuda").to(dtype), (torch.rand(N, device="cuda") + 0.5).to(dtype)
     results = []
-    for how in ("two launches", "train_forward", "train_forward in place"):
+    for how in ("two launches", "operator", "operator in place"):
         running_mean, running_var = stats0[0].clone(), stats0[1].clone()
         counter = torch.tensor([4], device="cuda", dtype=torch.int64)
-        y, out, partials, save_mean, save_invstd = make_outputs()
         if how == "two launches":
-            _C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], counter, _stream(),
-                                workspace=workspace, **split)
-            _C.finish_normalize(y, out, partials[0], partials[1], tile_m, gamma, beta, running_mean, running_var,
-                                counter, momentum, 1e-5, save_mean, save_invstd, _stream())
+            y, out, partials, save_mean, save_invstd = make_outputs()
+            debug.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], counter, workspace=workspace,
+                                **split)  # fmt: skip
+            debug.finish_normalize(y, out, partials[0], partials[1], tile_m, gamma, beta, running_mean, running_var,
+                                counter, momentum, 1e-5, save_mean, save_invstd)  # fmt: skip
         else:
-            in_place = how.endswith("in place")
-            _C.train_forward(x, w, y, None if in_place else out, b, s, gamma, beta, running_mean, running_var,
-                             counter, partials, momentum, 1e-5, save_mean, save_invstd, _stream(),
-                             workspace=workspace, **split)
-            if in_place:
-                out = y
+            keep = how == "operator"
+            poison_next_allocation((M, N), dtype)
+            out, _, save_mean, save_invstd = operators().train_forward(
+                x, w, b, s, gamma, beta, running_mean, running_var, counter, momentum, 1e-5,
+                *_operator_split(name, w), keep,
+            )  # fmt: skip
         torch.cuda.synchronize()
         assert counter.item() == 5, f"{how}: num_batches_tracked must move exactly once"
         assert not out.isnan().any(), f"{how}: unwritten output"
@@ -396,52 +402,46 @@ def test_train_forward_is_the_two_launches(name, momentum):
 
 
 def test_train_forward_refuses_before_launching():
-    # A refused call must launch neither kernel: y stays poisoned, no running statistic or counter moves.
+    # A refused call must launch neither kernel: no running statistic or counter moves (the GEMM counts the batch).
     x, w, b, s, gamma, beta, tile_m, make_outputs = _train_case("float32")
     N = w.shape[0]
     running_mean, running_var = torch.randn(N, device="cuda"), torch.rand(N, device="cuda") + 0.5
     rm0, rv0 = running_mean.clone(), running_var.clone()
     counter = torch.tensor([4], device="cuda", dtype=torch.int64)
-    y, out, partials, save_mean, save_invstd = make_outputs()
-    good = dict(x=x, weight=w, y=y, out=out, bias=b, scale=s, gamma=gamma, beta=beta, running_mean=running_mean,
-                running_var=running_var, batches_tracked=counter, partials=partials, momentum=0.1, eps=1e-5,
-                save_mean=save_mean, save_invstd=save_invstd, stream=_stream())  # fmt: skip
+    good = dict(x=x, weight=w, bias=b, scale=s, gamma=gamma, beta=beta, running_mean=running_mean,
+                running_var=running_var, num_batches_tracked=counter, momentum=0.1, eps=1e-5, weight_split=None,
+                weight_unscale=None, keep_pre_norm=True)  # fmt: skip
     bad = [
-        ({"partials": partials[:, 1:]}, "partials must have shape"),  # one tile short
-        ({"eps": 0.0}, "eps must be positive"),
-        ({"momentum": None, "batches_tracked": None}, "momentum=None needs batches_tracked"),
-        ({"save_invstd": save_invstd[1:]}, "save_invstd must have shape"),
+        ({"eps": 0.0}, "is not positive"),
+        ({"scale": s[1:]}, "scale must have shape"),
         ({"gamma": gamma.half()}, "gamma must be float32"),
-        ({"out": out[1:]}, "out must have shape"),
         ({"running_var": None}, "running_mean and running_var go together"),
+        ({"num_batches_tracked": counter.float()}, "num_batches_tracked must be one int64 element"),
+        ({"x": torch.rand(1000, 514, device="cuda"), "weight": torch.rand(N, 514, device="cuda")}, "multiple"),
     ]
     for change, match in bad:
-        with pytest.raises(ValueError, match=match):
-            _C.train_forward(**{**good, **change})
+        with pytest.raises(RuntimeError, match=match):
+            operators().train_forward(*{**good, **change}.values())
     torch.cuda.synchronize()
-    assert y.isnan().all() and out.isnan().all(), "a refused call must not launch the GEMM or the finish"
     assert counter.item() == 4
     assert torch.equal(running_mean, rm0) and torch.equal(running_var, rv0)
 
 
 @pytest.mark.parametrize("name", list(OPERANDS))
 def test_eval_forward_is_the_fold_and_the_gemm(name):
-    # eval_forward makes fold_eval_affine + gemm_scale_stats in one call: bitwise what the two give
+    # The eval_forward operator makes fold_eval_affine + gemm_scale_stats in one call: bitwise what the two give
     # (test_eval_folded_affine checks those against float64).
     x, w, b, s, gamma, beta, rm, rv = _eval_problem(name, seed=6)
-    (M, K), N, dtype = x.shape, w.shape[0], x.dtype
-    split = _split_keywords(name, w, M)
-    workspace = _workspace(DTYPE_NAMES[dtype], M, N, K, split=bool(split))
+    M, N, dtype = x.shape[0], w.shape[0], x.dtype
     gain, shift = _folded_affine(gamma, beta, rm, rv)
     expected, _, _, _ = _gemm(x, w, b, s, name, stats=False, gain=gain, shift=shift)
-    out = torch.full((M, N), float("nan"), device="cuda", dtype=dtype)
-    affine = torch.full((2, N), float("nan"), device="cuda")
-    _C.eval_forward(x, w, out, b, s, gamma, beta, rm, rv, 1e-5, affine, _stream(), workspace=workspace, **split)
+    poison_next_allocation((M, N), dtype)
+    out = operators().eval_forward(x, w, b, s, gamma, beta, rm, rv, 1e-5, *_operator_split(name, w))
     torch.cuda.synchronize()
     assert not out.isnan().any()
     assert torch.equal(out, expected)
-    with pytest.raises(ValueError, match="affine must have shape"):
-        _C.eval_forward(x, w, out, b, s, gamma, beta, rm, rv, 1e-5, affine[:, 1:], _stream(), **split)
+    with pytest.raises(RuntimeError, match="running_var must have shape"):
+        operators().eval_forward(x, w, b, s, gamma, beta, rm, rv[1:], 1e-5, *_operator_split(name, w))
 
 
 # --- the fp32-faithful split GEMM ---------------------------------------------------------------
@@ -540,22 +540,22 @@ def test_split_arguments_are_checked():
     x, w, b, s = _problem(64, 64, 64, torch.float32)
     y = torch.full((64, 64), float("nan"), device="cuda")
     weight_split, weight_unscale = _split_operands(w)
-    x_scale = torch.empty(_C.row_scale_count(64), device="cuda")
-    with pytest.raises(ValueError, match="go together"):
-        _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), weight_split=weight_split,
+    x_scale = torch.empty(debug.row_scale_count(64), device="cuda")
+    with pytest.raises(RuntimeError, match="go together"):
+        debug.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, weight_split=weight_split,
                             weight_unscale=weight_unscale)
-    with pytest.raises(ValueError, match="weight_split must have shape"):
-        _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(),
+    with pytest.raises(RuntimeError, match="weight_split must have shape"):
+        debug.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None,
                             weight_split=weight_split[:, :64].contiguous(), weight_unscale=weight_unscale,
                             x_scale=x_scale)
-    with pytest.raises(ValueError, match="x_scale must have shape"):
-        _C.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, _stream(), weight_split=weight_split,
+    with pytest.raises(RuntimeError, match="x_scale must have shape"):
+        debug.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, weight_split=weight_split,
                             weight_unscale=weight_unscale, x_scale=x_scale[:64].contiguous())
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(RuntimeError, match="float32"):
         xh, wh, yh = x.half(), w.half(), y.half()
-        _C.gemm_scale_stats(xh, wh, yh, b.half(), s.half(), None, None, None, None, None, _stream(),
+        debug.gemm_scale_stats(xh, wh, yh, b.half(), s.half(), None, None, None, None, None,
                             weight_split=weight_split, weight_unscale=weight_unscale, x_scale=x_scale)
-    with pytest.raises(ValueError, match="weight_split must be float16"):
-        _C.split_weight(w, weight_split.float(), weight_unscale, _stream())
+    with pytest.raises(RuntimeError, match="weight must be float32, got float16"):
+        operators().split_weight(w.half())
     torch.cuda.synchronize()
     assert y.isnan().all(), "a rejected call must not write"

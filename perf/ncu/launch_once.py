@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from gemmbn import _native, weight_cache
-from gemmbn.fused import gemm_workspace
+from gemmbn import debug
+from gemmbn.debug import gemm_workspace
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -23,7 +23,7 @@ args = parser.parse_args()
 if args.split and args.dtype != "float32":
     parser.error("--split takes float32 data")
 
-C = _native.extension()
+C = debug
 dtype = getattr(torch, args.dtype)
 M, K, N = args.size
 x = torch.rand(M, K, device="cuda").to(dtype)
@@ -34,13 +34,12 @@ tile_m, _ = C.gemm_config(args.dtype, M, N, K, split=args.split)
 partials = torch.empty(2, -(-M // tile_m), N, device="cuda")
 save = torch.empty(2, N, device="cuda")
 y = torch.empty(M, N, device="cuda", dtype=dtype)
-stream = torch.cuda.current_stream().cuda_stream
 stats = (None, None) if args.no_stats else (partials[0], partials[1])
 split = {"workspace": gemm_workspace(x, N, K, split=args.split)}  # stream-K rows only, else None
 if args.split:
-    split.update(weight_cache.split_gemm_arguments(w, M))
-C.gemm_scale_stats(x, w, y, b, s, None, None, *stats, None, stream, **split)
+    split.update(debug.split_gemm_arguments(w, M))
+C.gemm_scale_stats(x, w, y, b, s, None, None, *stats, None, **split)
 if not args.no_stats:
     C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None, None, 0.1, 1e-5,
-                       save[0], save[1], stream)
+                       save[0], save[1])
 torch.cuda.synchronize()

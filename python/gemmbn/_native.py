@@ -1,17 +1,15 @@
-"""The compiled parts, loaded on first use: the torch operators (gemmbn/_operators.so: every launch of a forward or
-backward) and the extension gemmbn._C (device support queries and the perf tools' single-kernel calls).
+"""The compiled part, loaded on first use: gemmbn/_operators.so, the torch operators gemmbn::* (every launch of a
+forward or backward) and gemmbn_debug::* (device support, the configuration tables, single kernels: debug.py).
 
-The package works without them (everything falls back to the PyTorch reference), so a missing or broken
+The package works without it (everything falls back to the PyTorch reference), so a missing or broken
 build is recorded as a reason instead of failing ``import gemmbn``.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import pathlib
 import types
-from types import ModuleType
 
 import torch
 from torch import Tensor
@@ -77,38 +75,19 @@ def operators() -> types.SimpleNamespace:
 
 
 @functools.cache
-def _load() -> tuple[ModuleType | None, str | None]:
-    """(module, None) once gemmbn._C imports, else (None, why not)."""
-    try:
-        return importlib.import_module("gemmbn._C"), None
-    except ImportError as error:
-        return None, f"the native extension gemmbn._C is not available ({error})"
-
-
-def extension() -> ModuleType:
-    """gemmbn._C; raises RuntimeError with the import failure if it is not built."""
-    module, reason = _load()
-    if module is None:
-        raise RuntimeError(reason)
-    return module
-
-
 @functools.cache
 def _device_reason(device_index: int) -> str | None:
-    """None where _C.device_support accepts the CUDA device, else its reason (cached per device)."""
-    supported, reason = extension().device_support(device_index)
+    """None where the kernels run on the CUDA device, else the reason (cached per device)."""
+    supported, reason = torch.ops.gemmbn_debug.device_support(device_index)
     return None if supported else f"cuda:{device_index} cannot run the fused kernels: {reason}"
 
 
 def fused_unavailable_reason(x: Tensor) -> str | None:
-    """None when the native path can run on x's device; else why not (CPU, no extension, not sm90)."""
+    """None when the native path can run on x's device and dtype; else why not (CPU, not built, not sm90)."""
     if not x.is_cuda:
         return f"x is on {x.device.type}; the fused kernels need an sm90 (Hopper) GPU"
     if x.dtype not in _FUSED_DTYPES:
         return f"dtype {x.dtype} has no fused kernel (float32, bfloat16 and float16 do)"
-    module, reason = _load()
-    if module is None:
-        return reason
     reason = load_operators()
     if reason is not None:
         return reason

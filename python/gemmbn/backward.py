@@ -10,7 +10,7 @@ ds needs z, which y = z s keeps only where s != 0: there ds = (sum_m grad_y y) /
 kernel makes z from x and W for those columns alone, and the PyTorch route uses G = grad_y^T x instead of dz
 (dW = s G, ds = sum_k W G + b sum_grad_y): it keeps z everywhere at the price of N x K passes.
 
-Fused route (sm90 GPU, the extension, fused dtypes and sizes): gemmbn._C.batch_norm_backward reads dout
+Fused route (sm90 GPU, the extension, fused dtypes and sizes): the gemmbn::batch_norm_backward operator reads dout
 and y twice and writes dz once in the GEMMs' operand dtype, with every [N] gradient; the two GEMMs run in
 the forward's precision: bf16/fp16 tensor cores (cuBLAS) with float32 accumulation, TF32 for "high" and
 "medium" (gemmbn's own GEMM for large outputs, else cuBLAS), the fp32-faithful split GEMM (gemmbn's own) for
@@ -101,8 +101,10 @@ def _fused_grads(
     need_x, need_w, need_b, need_s, need_gamma, need_beta = needs
     x, weight, scale = _operand(x), _operand(weight), _operand(scale)
     bias, gamma = (None if t is None else _operand(t) for t in (bias, gamma))
+    dout = _operand(dout if dout.dtype == x.dtype else dout.to(x.dtype))
+    mean, invstd = (t if t.dtype == torch.float32 else t.float() for t in (mean, invstd))
     dz, dgamma, dbeta, db, ds = fused.batch_norm_backward(
-        _operand(dout.to(x.dtype)), y, mean.float(), invstd.float(), gamma, scale, x, weight, bias, batch_statistics,
+        dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics,
         (need_x or need_w or need_s, need_gamma, need_beta, need_b, need_s),
     )  # fmt: skip
     dx = _matmul(route, dz, weight) if need_x else None

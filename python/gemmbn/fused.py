@@ -14,16 +14,14 @@ lookups cost microseconds a call.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 from torch.autograd.graph import increment_version
 
 from . import precision as precision_mod
 from . import weight_cache
-from ._native import extension, operators
+from ._native import operators
 from ._native import call as _call
 
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def _split_weight(weight: Tensor, gemm_kind: str) -> tuple[Tensor | None, Tensor | None]:
@@ -102,7 +100,8 @@ def batch_norm_backward(
     Tensors contiguous and 16-byte aligned, of dout's dtype but mean and invstd (float32 [N]: the running
     statistics when not ``batch_statistics``); y may be None only then, and neither dgamma nor dscale asked for.
     """
-    mask = sum(1 << i for i, need in enumerate(outputs) if need)
+    dz, dgamma, dbeta, dbias, dscale = outputs
+    mask = dz | dgamma << 1 | dbeta << 2 | dbias << 3 | dscale << 4  # operators.cpp's BackwardOutput bits
     grads = _call(operators().batch_norm_backward, dout, y, mean, invstd, gamma, scale, x, weight, bias,
                   batch_statistics, mask)  # fmt: skip
     return tuple(grad if need else None for grad, need in zip(grads, outputs))
@@ -125,20 +124,3 @@ def transpose_padded(t: Tensor) -> Tensor:
 def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, gemm_kind: str) -> Tensor:
     """y = (x W^T + b) s on the fused GEMM without statistics (the eval backward's y; scale None: 1)."""
     return _call(operators().linear_scale, x, weight, bias, scale, *_split_weight(weight, gemm_kind))
-
-
-# --- tuning and profiling tools (perf/): single kernels through gemmbn._C ----------------------
-
-
-def gemm_workspace(
-    x: Tensor, N: int, K: int, *, config: int = -1, split: bool = False, splits: int = -1, statistics: bool = True
-) -> Tensor | None:
-    """The GEMM's workspace for gemmbn._C.gemm_scale_stats, x [M, K] -> N columns on this row (config < 0: the
-    row chosen for a launch with partials, or without when not ``statistics``), or None.
-
-    Only stream-K rows need one (their partial accumulators and flags, zeroed by the launch itself).
-    """
-    size = extension().gemm_workspace_bytes(
-        _DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits, statistics
-    )
-    return torch.empty(size, dtype=torch.uint8, device=x.device) if size else None

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._native import call, extension, operators
+from ._native import call, operators
 
 
 @dataclass
@@ -74,14 +74,6 @@ def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
     with _lock:
         _entries[key] = _Entry(owner, weight.data_ptr(), version, weight.shape, weight_split, weight_unscale)
     return weight_split, weight_unscale
-
-
-def split_gemm_arguments(weight: Tensor, rows: int) -> dict[str, Tensor]:
-    """gemmbn._C.gemm_scale_stats's keyword arguments (perf tools) for the split GEMM of ``rows`` rows of x against
-    ``weight``: the (cached) split weight and a fresh x_scale workspace (row_scales fills it inside the call)."""
-    weight_split, weight_unscale = split_weight(weight)
-    x_scale = torch.empty(extension().row_scale_count(rows), dtype=torch.float32, device=weight.device)
-    return {"weight_split": weight_split, "weight_unscale": weight_unscale, "x_scale": x_scale}
 
 
 def _version(weight: Tensor) -> int | None:

@@ -1,0 +1,117 @@
+"""The kernels one at a time, for tests, tuning and profiling (perf/): torch.ops.gemmbn_debug
+(python/csrc/debug_operators.cpp) with Python defaults.
+
+The forward and backward never come here (fused.py calls the operators). These take the caller's buffers,
+launch on torch's current stream, and refuse bad arguments with a RuntimeError starting "gemmbn: " before
+anything runs. dtype names: "float32", "bfloat16", "float16"; split: the fp32-faithful GEMM's table.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from . import weight_cache
+from ._native import load_operators
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+# gemm_config_row's fields, in api.h's order (kConfigFields).
+CONFIG_FIELDS = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster",
+                 "swizzle", "promote_tiles", "stream_k", "partial_rows")  # fmt: skip
+
+
+@functools.cache
+def _ops():
+    reason = load_operators()
+    if reason is not None:
+        raise RuntimeError(reason)
+    return torch.ops.gemmbn_debug
+
+
+def device_support(device: int) -> tuple[bool, str]:
+    """(True, "") where the fused kernels run on this CUDA device, else (False, why not)."""
+    supported, why = _ops().device_support(device)
+    return bool(supported), why
+
+
+def gemm_config(dtype: str, M: int, N: int, K: int, config: int = -1, split: bool = False,
+                statistics: bool = True) -> tuple[int, int]:  # fmt: skip
+    """(partial_rows, tile_n) of the configuration row the GEMM runs for this problem (config < 0: the one chosen;
+    statistics: the choice for a launch with partials, False: without, as the eval forward's)."""
+    row = _ops().gemm_config_row(dtype, M, N, K, config, split, statistics)
+    return row[-1], row[1]
+
+
+def gemm_selected_config(dtype: str, M: int, N: int, K: int, split: bool = False, statistics: bool = True) -> int:
+    """Index into gemm_configs of the row chosen for this problem."""
+    return _ops().gemm_selected_config(dtype, M, N, K, split, statistics)
+
+
+def gemm_configs(dtype: str, split: bool = False) -> list[dict[str, int]]:
+    """The configuration table (kernels/include/gemmbn/configs.h), one dict of CONFIG_FIELDS per row."""
+    ops = _ops()
+    return [dict(zip(CONFIG_FIELDS, ops.gemm_config_row(dtype, 1, 1, 1, i, split, True)))
+            for i in range(ops.gemm_config_count(dtype, split))]  # fmt: skip
+
+
+def gemm_workspace_bytes(dtype: str, M: int, N: int, K: int, config: int = -1, split: bool = False,
+                         splits: int = -1, statistics: bool = True) -> int:  # fmt: skip
+    """Bytes of workspace gemm_scale_stats needs on this row (0 except on stream-K rows)."""
+    return _ops().gemm_workspace_bytes(dtype, M, N, K, config, split, splits, statistics)
+
+
+def split_weight_columns(K: int) -> int:
+    """Columns of the split weight (fp16 hi and lo) for K input features."""
+    return _ops().split_weight_columns(K)
+
+
+def row_scale_count(M: int) -> int:
+    """Entries of the split GEMM's x_scale workspace for M rows (whole 128-row tiles)."""
+    return _ops().row_scale_count(M)
+
+
+def gemm_scale_stats(
+    x: Tensor, weight: Tensor, y: Tensor, bias: Tensor | None, scale: Tensor | None, gain: Tensor | None,
+    shift: Tensor | None, partial_mean: Tensor | None, partial_m2: Tensor | None, batches_tracked: Tensor | None,
+    *, config: int = -1, raster: int = -1, swizzle: int = -1, splits: int = -1, weight_split: Tensor | None = None,
+    weight_unscale: Tensor | None = None, x_scale: Tensor | None = None, workspace: Tensor | None = None,
+) -> None:  # fmt: skip
+    """y = ((x W^T + bias) scale) gain + shift, with the per-tile column mean/M2 of y as stored (api.h)."""
+    _ops().gemm_scale_stats(x, weight, y, bias, scale, gain, shift, partial_mean, partial_m2, batches_tracked,
+                            config, raster, swizzle, splits, weight_split, weight_unscale, x_scale, workspace)  # fmt: skip
+
+
+def finish_normalize(
+    y: Tensor, out: Tensor, partial_mean: Tensor, partial_m2: Tensor, tile_rows: int, gamma: Tensor | None,
+    beta: Tensor | None, running_mean: Tensor | None, running_var: Tensor | None, batches_tracked: Tensor | None,
+    momentum: float | None, eps: float, save_mean: Tensor, save_invstd: Tensor,
+) -> None:  # fmt: skip
+    """Merge the partials, update the running statistics, out = (y - mean) invstd gamma + beta (api.h)."""
+    _ops().finish_normalize(y, out, partial_mean, partial_m2, tile_rows, gamma, beta, running_mean, running_var,
+                            batches_tracked, momentum, eps, save_mean, save_invstd)  # fmt: skip
+
+
+def fold_eval_affine(gamma: Tensor | None, beta: Tensor | None, running_mean: Tensor, running_var: Tensor,
+                     eps: float, gain: Tensor, shift: Tensor) -> None:  # fmt: skip
+    """gain = gamma / sqrt(running_var + eps), shift = beta - running_mean gain (float32)."""
+    _ops().fold_eval_affine(gamma, beta, running_mean, running_var, eps, gain, shift)
+
+
+def gemm_workspace(
+    x: Tensor, N: int, K: int, *, config: int = -1, split: bool = False, splits: int = -1, statistics: bool = True
+) -> Tensor | None:
+    """gemm_scale_stats's workspace for x [M, K] -> N columns on this row (config < 0: the row chosen for a launch
+    with partials, or without when not ``statistics``), or None where the row needs none (all but stream-K rows)."""
+    size = gemm_workspace_bytes(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits, statistics)
+    return torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
+
+
+def split_gemm_arguments(weight: Tensor, rows: int) -> dict[str, Tensor]:
+    """gemm_scale_stats's keyword arguments for the split GEMM of ``rows`` rows of x against ``weight``: the cached
+    split weight (weight_cache) and a fresh x_scale workspace (row_scales fills it inside the call)."""
+    weight_split, weight_unscale = weight_cache.split_weight(weight)
+    x_scale = torch.empty(row_scale_count(rows), dtype=torch.float32, device=weight.device)
+    return {"weight_split": weight_split, "weight_unscale": weight_unscale, "x_scale": x_scale}
