@@ -77,3 +77,11 @@ def test_fakes_give_the_output_shapes(dtype):
         # K = 100 -> 4 slices of 32 columns, each as an fp16 hi and lo half (api.h's split_weight_columns).
         assert (weight_split.shape, weight_split.dtype, weight_unscale.shape) == ((N, 256), torch.float16, (N,))
         assert _op("transpose_padded")(torch.randn(M + 1, K)).shape == (K, M + 4)
+
+
+def test_torch_older_than_2_10_is_refused_with_the_reason(monkeypatch):
+    """The stable ABI the library is built on starts at torch 2.10: an older torch gets the reference path, and the
+    fallback reason says why (load_operators is cached per process, so its uncached body is asked here)."""
+    monkeypatch.setattr(_native, "_torch_version", lambda: (2, 9))
+    reason = _native.load_operators.__wrapped__()
+    assert reason is not None and "older than 2.10" in reason
