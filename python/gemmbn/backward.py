@@ -37,6 +37,14 @@ REFERENCE = "reference"  # the GEMM route of the PyTorch fallback
 FUSED = os.environ.get("GEMMBN_FUSED_BACKWARD", "1") != "0"
 
 
+def grad_y_batch_statistics(
+    dout: Tensor, xhat: Tensor, a: Tensor, sum_dout: Tensor, sum_dout_xhat: Tensor, count: Tensor | int
+) -> Tensor:
+    """dL/dy = a (dout - sum_dout / count - xhat sum_dout_xhat / count), a = gamma invstd, with the batch statistics'
+    column sums over `count` rows (this batch's, or every rank's for synchronized statistics: distributed.py)."""
+    return a * (dout - sum_dout / count - xhat * (sum_dout_xhat / count))
+
+
 def _normalization_grads_reference(
     dout: Tensor, y: Tensor | None, mean: Tensor, invstd: Tensor, gamma: Tensor | None, batch_statistics: bool
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
@@ -49,7 +57,7 @@ def _normalization_grads_reference(
     dgamma = torch.zeros_like(dbeta) if xhat is None else (dout * xhat).sum(0)
     a = invstd if gamma is None else gamma.to(math) * invstd
     if batch_statistics:
-        grad_y = a * (dout - dbeta / dout.shape[0] - xhat * (dgamma / dout.shape[0]))
+        grad_y = grad_y_batch_statistics(dout, xhat, a, dbeta, dgamma, dout.shape[0])
     else:
         grad_y = a * dout
     sum_grad_y_y = None if y is None else (grad_y * y.to(math)).sum(0)

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .backward import grad_y_batch_statistics
 from .reference import _update_running_stats, linear_scale, statistics_dtype
 
 
@@ -68,7 +69,7 @@ class _SynchronizedNormalization(torch.autograd.Function):
         for sums in _gather_in_rank_order(local, ctx.process_group):  # rank order: the same on every rank
             total = total + sums
         a = invstd if gamma is None else invstd * gamma.to(math)
-        grad_y = a * (dout - total[0] / count - xhat * (total[1] / count))
+        grad_y = grad_y_batch_statistics(dout, xhat, a, total[0], total[1], count)
         dgamma = None if gamma is None else local[1].to(gamma.dtype)
         dbeta = local[0].to(y.dtype) if ctx.has_beta else None
         return grad_y.to(y.dtype), dgamma, dbeta, None, None, None, None
