@@ -93,24 +93,24 @@ def linear_scale_batch_norm(
         out = F.batch_norm(y, running_mean, running_var, gamma, beta, False, 0.0, eps)
         return out, pre_norm, y.new_empty(0, dtype=stats_dtype), y.new_empty(0, dtype=stats_dtype)
 
-    if y.dtype == stats_dtype and (momentum is not None or num_batches_tracked is None):
-        # nn.BatchNorm1d's own kernel: the output, the statistics the backward keeps and the running statistics'
-        # update in one pass over y (float32/float64 data, where it keeps the statistics in y's dtype; with
-        # momentum None nn's factor is 1/num_batches_tracked, which the other branch computes on the device).
-        if training and num_batches_tracked is not None:
-            num_batches_tracked.add_(1)
+    # nn.BatchNorm1d's own kernel where it applies: the output, the statistics the backward keeps and the running
+    # statistics' update in one pass over y (float32/float64 data, where it keeps the statistics in y's dtype; with
+    # momentum None nn's factor is 1/num_batches_tracked, which the other branch computes on the device).
+    one_pass = y.dtype == stats_dtype and (momentum is not None or num_batches_tracked is None)
+    if one_pass:
         factor = 0.0 if momentum is None else momentum  # nn's factor when momentum is None and nothing is tracked
         out, mean, save_invstd = torch.native_batch_norm(y, gamma, beta, running_mean, running_var, True, factor, eps)
-        return out, pre_norm, mean, save_invstd
-    # The output itself comes from PyTorch's own batch_norm (the same ops as nn.BatchNorm1d); it runs
-    # first so that its argument checks (eps > 0) fire before the running statistics move.
-    out = F.batch_norm(y, None, None, gamma, beta, True, 0.0, eps)
+    else:
+        # PyTorch's own batch_norm (the same ops as nn.BatchNorm1d) for the output; its argument checks (eps > 0)
+        # fire before anything below moves.
+        out = F.batch_norm(y, None, None, gamma, beta, True, 0.0, eps)
+        with torch.no_grad():
+            biased_var, mean = torch.var_mean(y.detach().to(stats_dtype), dim=0, correction=0)
+            save_invstd = torch.rsqrt(biased_var + eps)
     with torch.no_grad():
-        biased_var, mean = torch.var_mean(y.detach().to(stats_dtype), dim=0, correction=0)
-        save_invstd = torch.rsqrt(biased_var + eps)
         if training and num_batches_tracked is not None:
-            num_batches_tracked.add_(1)
-        if running_mean is not None and running_var is not None:
+            num_batches_tracked.add_(1)  # before the update below, which reads it for momentum None
+        if not one_pass and running_mean is not None and running_var is not None:
             _update_running_stats(
                 running_mean, running_var, num_batches_tracked, momentum, mean, biased_var, x.shape[0]
             )
