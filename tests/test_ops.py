@@ -114,3 +114,21 @@ def test_compile_fullgraph_matches_eager(backend):
         assert_state_equal(compiled_model, snapshot(eager), **SAME_OPS[torch.float32])
     trained = sum(training for training, _ in COMPILE_STEPS[backend])
     assert compiled_model.bn.num_batches_tracked.item() == trained
+
+
+def test_export_of_an_eval_model_runs_the_implementation():
+    """torch.export traces the eval forward's implementation (tests/test_export_gpu.py: the native operator on a GPU;
+    here the reference route): the exported program gives the module's output."""
+    import warnings
+
+    from gemmbn import GemmScaleBatchNorm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(GemmScaleBatchNorm(K, N, (N,))).eval()
+    x = torch.randn(M, K)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning (no GPU here)
+        program = torch.export.export(model, (x,))
+        assert torch.equal(program.module()(x), model(x))
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not any("linear_scale_bn" in t for t in targets), targets  # traced through, not the Python operator

@@ -14,6 +14,7 @@ lookups cost microseconds a call.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from torch.autograd.graph import increment_version
 
@@ -25,9 +26,13 @@ from ._native import call as _call
 
 
 def _split_weight(weight: Tensor, gemm_kind: str) -> tuple[Tensor | None, Tensor | None]:
-    """(weight_split, weight_unscale) for the fp32-faithful GEMM (cached per weight version), else (None, None)."""
+    """(weight_split, weight_unscale) for the fp32-faithful GEMM (cached per weight version), else (None, None).
+    Traced (torch.export), the split is an operator of the graph, made on every run: a cache of fake tensors would
+    outlive the trace."""
     if gemm_kind != precision_mod.SPLIT_FP32:
         return None, None
+    if torch.compiler.is_compiling():
+        return _call(operators().split_weight, weight)
     return weight_cache.split_weight(weight)
 
 

@@ -275,8 +275,13 @@ def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, preci
 
 
 def _run_eval(*args) -> Tensor:
-    """The operator under torch.compile, its implementation directly in eager mode (same arguments)."""
-    return linear_scale_bn_eval(*args) if torch.compiler.is_compiling() else _eval_impl(*args)
+    """The operator under torch.compile, its implementation directly in eager mode and under torch.export (same
+    arguments). torch.export traces the implementation itself (non-strict: plain Python over fake tensors), so the
+    exported program calls the native gemmbn::eval_forward, which AOTInductor packages without Python; the route
+    (fused or reference) and a "default" precision are fixed at export time."""
+    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+        return linear_scale_bn_eval(*args)
+    return _eval_impl(*args)
 
 
 def _eval_setup_context(ctx, inputs, output):
