@@ -75,7 +75,6 @@ def operators() -> types.SimpleNamespace:
 
 
 @functools.cache
-@functools.cache
 def _device_reason(device_index: int) -> str | None:
     """None where the kernels run on the CUDA device, else the reason (cached per device)."""
     supported, reason = torch.ops.gemmbn_debug.device_support(device_index)
