@@ -14,25 +14,20 @@ lookups cost microseconds a call.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 from torch.autograd.graph import increment_version
 
 from . import precision as precision_mod
 from . import weight_cache
-from ._native import operators
 from ._native import call as _call
-
+from ._native import operators
 
 
 def _split_weight(weight: Tensor, gemm_kind: str) -> tuple[Tensor | None, Tensor | None]:
-    """(weight_split, weight_unscale) for the fp32-faithful GEMM (cached per weight version), else (None, None).
-    Traced (torch.export), the split is an operator of the graph, made on every run: a cache of fake tensors would
-    outlive the trace."""
+    """(weight_split, weight_unscale) for the fp32-faithful GEMM (weight_cache: cached per weight version, made in
+    the graph when traced), else (None, None)."""
     if gemm_kind != precision_mod.SPLIT_FP32:
         return None, None
-    if torch.compiler.is_compiling():
-        return _call(operators().split_weight, weight)
     return weight_cache.split_weight(weight)
 
 
@@ -58,8 +53,7 @@ def train_forward(
     """
     result = _call(
         operators().train_forward, x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
-        momentum, eps,
-        *_split_weight(weight, gemm_kind), keep_pre_norm,
+        momentum, eps, *_split_weight(weight, gemm_kind), keep_pre_norm,
     )  # fmt: skip
     # The kernels wrote the buffers from C++, which autograd does not see: count the in-place updates.
     increment_version([t for t in (running_mean, running_var, num_batches_tracked) if t is not None])
@@ -116,7 +110,7 @@ def matmul(a: Tensor, b_rows: Tensor, gemm_kind: str) -> Tensor:
     """a @ b_rows^T in float32 on gemmbn's GEMM (no epilogue): a [M, K], b_rows [N, K], contiguous float32, K and
     N multiples of 4; the fp32-faithful split GEMM or TF32. For the split GEMM b_rows is split on every call (the
     backward's operands change every step; the weight cache would keep each one alive)."""
-    split = _call(operators().split_weight, b_rows) if gemm_kind == precision_mod.SPLIT_FP32 else (None, None)
+    split = weight_cache.split_now(b_rows) if gemm_kind == precision_mod.SPLIT_FP32 else (None, None)
     return _call(operators().linear_scale, a, b_rows, None, None, *split)
 
 

@@ -8,7 +8,9 @@ optimizer step, ``copy_``, ``load_state_dict``) bumps the counter. Writes throug
 bypass the counter, as they bypass autograd; call ``clear()`` after such a write.
 
 While a CUDA graph is being captured the split is always made inside the capture, so each replay
-re-splits the weight as it is then (the cache cannot see updates made between replays).
+re-splits the weight as it is then (the cache cannot see updates made between replays). Traced (torch.export,
+torch.compile) the split is likewise an operator of the graph, made on every run: a cache entry would hold the
+trace's fake tensors.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
     that stream too, so no event is needed: a later forward on another stream is ordered by the
     caller's own synchronization of the weight, as any read of it would be.
     """
+    if torch.compiler.is_compiling():
+        return split_now(weight)
     version = _version(weight)
     if version is None or torch.cuda.is_current_stream_capturing():
         return split_now(weight)
