@@ -6,7 +6,7 @@ import pytest
 import torch
 from _helpers import make_pair
 
-from gemmbn import GemmBnFallbackWarning, _native, fallback, fused_unavailable_reason, linear_scale_batch_norm
+from gemmbn import GemmBnFallbackWarning, _native, fallback, fused_unavailable_reason, linear_scale_batch_norm, plan
 from gemmbn.plan import layout_reason
 
 K, N = 24, 16
@@ -108,9 +108,17 @@ def test_layout_reasons(dtype, M, K_, N_, overrides, expected):
         assert reason is not None and expected in reason
 
 
-def test_layout_reason_alignment_eps_and_counter():
+def test_layout_reason_alignment_eps_and_counter(monkeypatch):
     weight, vectors = torch.randn(260, 512), _vectors(260)
-    assert "x's data pointer is not 16-byte aligned" in layout_reason(_misaligned(40, 512), weight, vectors, 1e-5)
+    # Operands the kernels only read may be views of any layout (the operators copy them into theirs) ...
+    strided_vectors = _vectors(260, bias=torch.randn(520)[::2], scale=_misaligned(1, 260)[0])
+    assert layout_reason(_misaligned(40, 512), weight.t().contiguous().t(), strided_vectors, 1e-5) is None
+    # ... the running statistics, updated in place, may not (fused_plan checks their addresses, past the device).
+    monkeypatch.setattr(plan, "fused_unavailable_reason", lambda x: None)
+    assert plan.fused_plan(_misaligned(40, 512), weight, vectors, 1e-5) is None
+    offset_mean = _vectors(260, running_mean=_misaligned(1, 260)[0])
+    assert "running_mean's data pointer is not 16-byte aligned" in plan.fused_plan(torch.randn(40, 512), weight,
+                                                                                    offset_mean, 1e-5)
     assert "eps=0.0 is not positive" in layout_reason(torch.randn(40, 512), weight, vectors, 0.0)
     int32_counter = torch.tensor(0, dtype=torch.int32)
     assert "int64" in layout_reason(torch.randn(40, 512), weight, vectors, 1e-5, int32_counter)

@@ -1,5 +1,6 @@
 // What gemmbn's torch operators share (operators.cpp, debug_operators.cpp): argument checks that raise a refusal
-// ("gemmbn: <why>", before anything runs), allocation through torch's caching allocator, torch's current stream.
+// ("gemmbn: <why>", before the caller's data is touched), copies of read operands into the kernels' layout,
+// allocation through torch's caching allocator, torch's current stream.
 // Stable ABI only (TORCH_TARGET_VERSION 2.10, CMakeLists.txt).
 #pragma once
 
@@ -26,8 +27,9 @@ using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 using OptionalTensor = std::optional<Tensor>;
 
-// A refusal: the arguments do not suit the kernels, and nothing was launched or written. Its message starts with
-// "gemmbn: ", which is how python/gemmbn/fused.py tells it from a failure (and falls back to PyTorch).
+// A refusal: the arguments do not suit the kernels, and nothing the caller holds was written (at most an operand was
+// copied into a fresh tensor). Its message starts with "gemmbn: ", which is how python/gemmbn/_native.py tells it
+// from a failure (and the callers fall back to PyTorch).
 [[noreturn]] inline void fail(const std::string& message) { throw std::runtime_error("gemmbn: " + message); }
 
 inline const char* dtype_name(ScalarType t) {
@@ -67,9 +69,9 @@ struct Problem {
   int32_t device;
 };
 
-// A CUDA tensor on the problem's device, of this dtype and shape, contiguous, 16-byte aligned (TMA tiles and
-// the kernels' vector accesses need all four).
-inline void check(const Tensor& t, const char* name, const Problem& p, ScalarType dtype, std::initializer_list<int64_t> shape) {
+// A CUDA tensor on the problem's device, of this dtype and shape.
+inline void check_placed(const Tensor& t, const char* name, const Problem& p, ScalarType dtype,
+                         std::initializer_list<int64_t> shape) {
   if (!t.is_cuda()) fail(std::string(name) + " must be a CUDA tensor");
   if (t.get_device_index() != p.device) {
     fail(std::string(name) + " is on cuda:" + std::to_string(t.get_device_index()) + " but x is on cuda:" +
@@ -85,11 +87,36 @@ inline void check(const Tensor& t, const char* name, const Problem& p, ScalarTyp
     for (int64_t extent : shape) want += (d++ ? ", " : "") + std::to_string(extent);
     fail(std::string(name) + " must have shape " + want + "], got " + shape_string(t));
   }
-  if (!t.is_contiguous()) fail(std::string(name) + " must be contiguous");
-  if (reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16) fail(std::string(name) + "'s data must be 16-byte aligned");
 }
 
-inline const void* optional_vector(const OptionalTensor& t, const char* name, const Problem& p, int64_t n) {
+// Contiguous and 16-byte aligned: TMA tiles and the kernels' vector accesses need both.
+inline bool kernel_layout(const Tensor& t) {
+  return t.is_contiguous() && reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// A tensor the kernels write in place (the running statistics, a debug operator's output): placed as check_placed
+// says and already in the kernels' layout, since a copy would not carry the writes back.
+inline void check(const Tensor& t, const char* name, const Problem& p, ScalarType dtype, std::initializer_list<int64_t> shape) {
+  check_placed(t, name, p, dtype, shape);
+  if (!t.is_contiguous()) fail(std::string(name) + " must be contiguous");
+  if (!kernel_layout(t)) fail(std::string(name) + "'s data must be 16-byte aligned");
+}
+
+// A tensor the kernels only read: placed as check_placed says, and returned as it is when in the kernels' layout,
+// else as a contiguous copy (one copy kernel on the current stream), so that views, slices and offset storage take
+// the fused path; the copy lives as long as the caller holds the result.
+inline Tensor readable(const Tensor& t, const char* name, const Problem& p, ScalarType dtype,
+                       std::initializer_list<int64_t> shape);
+
+// An optional [n] vector of the problem's dtype that the kernels read: made readable in place, its data or nullptr.
+inline const void* read_vector(OptionalTensor& t, const char* name, const Problem& p, int64_t n) {
+  if (!t) return nullptr;
+  t = readable(*t, name, p, p.dtype, {n});
+  return t->data_ptr();
+}
+
+// An optional [n] vector of the problem's dtype that the kernels update in place: its data or nullptr.
+inline void* written_vector(const OptionalTensor& t, const char* name, const Problem& p, int64_t n) {
   if (!t) return nullptr;
   check(*t, name, p, p.dtype, {n});
   return t->data_ptr();
@@ -155,6 +182,17 @@ inline Tensor empty(const Tensor& like, std::vector<int64_t> shape, ScalarType d
   return Tensor(handle);
 }
 
+inline Tensor readable(const Tensor& t, const char* name, const Problem& p, ScalarType dtype,
+                       std::initializer_list<int64_t> shape) {
+  check_placed(t, name, p, dtype, shape);
+  if (kernel_layout(t)) return t;
+  Tensor copy = empty(t, std::vector<int64_t>(shape), dtype);
+  if (aoti_torch_copy_(copy.get(), t.get(), 0) != AOTI_TORCH_SUCCESS) {
+    throw std::runtime_error(std::string("gemmbn failed to copy ") + name + " into the kernels' layout");
+  }
+  return copy;
+}
+
 // One allocation for a call's scratch arrays (partials, row scales, a stream-K workspace), each 256-byte aligned.
 class Scratch {
  public:
@@ -180,8 +218,9 @@ class Scratch {
 // gemm_scale_stats's arguments for y = (x W^T + b) s: x, weight, bias, scale and, for the fp32-faithful GEMM
 // (float32 with weight_split and weight_unscale: split_weight's output), the split weight and a fresh x_scale.
 // x_scale's place is reserved in `scratch` (*x_scale_at); bind_scratch points the arguments at it once allocated.
-inline gemmbn::GemmScaleStatsArgs gemm_arguments(const Tensor& x, const Tensor& weight, const OptionalTensor& bias,
-                                          const OptionalTensor& scale, const OptionalTensor& weight_split,
+// x, weight, bias and scale are made readable in place (the caller keeps any copies alive until the launch).
+inline gemmbn::GemmScaleStatsArgs gemm_arguments(Tensor& x, Tensor& weight, OptionalTensor& bias,
+                                          OptionalTensor& scale, const OptionalTensor& weight_split,
                                           const OptionalTensor& weight_unscale, const Problem& p, Scratch& scratch,
                                           std::optional<size_t>& x_scale_at) {
   if (weight.dim() != 2) fail("weight must be 2-D, got shape " + shape_string(weight));
@@ -190,11 +229,11 @@ inline gemmbn::GemmScaleStatsArgs gemm_arguments(const Tensor& x, const Tensor& 
   a.M = checked_int(x.size(0), "M");
   a.K = checked_int(x.size(1), "K");
   a.N = checked_int(weight.size(0), "N");
-  check(x, "x", p, p.dtype, {a.M, a.K});
-  check(weight, "weight", p, p.dtype, {a.N, a.K});
+  x = readable(x, "x", p, p.dtype, {a.M, a.K});
+  weight = readable(weight, "weight", p, p.dtype, {a.N, a.K});
   a.x = x.data_ptr(), a.weight = weight.data_ptr();
-  a.bias = optional_vector(bias, "bias", p, a.N);
-  a.scale = optional_vector(scale, "scale", p, a.N);
+  a.bias = read_vector(bias, "bias", p, a.N);
+  a.scale = read_vector(scale, "scale", p, a.N);
   if (weight_split.has_value() != weight_unscale.has_value()) fail("weight_split and weight_unscale go together");
   if (weight_split) {
     if (p.dtype != ScalarType::Float) fail("weight_split (the fp32-faithful GEMM) needs float32 x");

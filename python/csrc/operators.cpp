@@ -2,7 +2,8 @@
 // (torch/csrc/stable, built with TORCH_TARGET_VERSION = 2.10): one build loads under every torch >= 2.10.
 // Each operator checks its arguments, picks the GEMM's configuration row, allocates its outputs and
 // workspace through torch's caching allocator and launches on torch's current stream of the inputs'
-// device, so a forward or backward crosses from Python into C++ once. A refused call launches nothing.
+// device, so a forward or backward crosses from Python into C++ once. Operands the kernels only read may be views
+// of any layout (operator_support.h: readable); a refused call writes nothing the caller holds.
 // The kernels' math is in kernels/include/gemmbn/api.h; python/gemmbn/fused.py is the Python side.
 #include <tuple>
 #include <vector>
@@ -24,8 +25,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   torch::stable::accelerator::DeviceGuard guard(p.device);
   Scratch scratch;
   std::optional<size_t> x_scale_at;
+  OptionalTensor scale_read = scale;
   gemmbn::GemmScaleStatsArgs g =
-      gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, scratch, x_scale_at);
+      gemm_arguments(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, x_scale_at);
   const int64_t M = g.M, N = g.N;
   int row[gemmbn::kConfigFields];
   if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(g), -1, g.M, g.N, g.K, row, true)) fail("no GEMM configuration");
@@ -53,11 +55,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   f.y = y.data_ptr(), f.out = out.data_ptr();
   f.M = g.M, f.N = g.N, f.tile_rows = tile_rows;
   f.partial_mean = g.partial_mean, f.partial_m2 = g.partial_m2;
-  f.gamma = optional_vector(gamma, "gamma", p, N);
-  f.beta = optional_vector(beta, "beta", p, N);
+  f.gamma = read_vector(gamma, "gamma", p, N);
+  f.beta = read_vector(beta, "beta", p, N);
   if (running_mean.has_value() != running_var.has_value()) fail("running_mean and running_var go together");
-  f.running_mean = const_cast<void*>(optional_vector(running_mean, "running_mean", p, N));
-  f.running_var = const_cast<void*>(optional_vector(running_var, "running_var", p, N));
+  f.running_mean = written_vector(running_mean, "running_mean", p, N);
+  f.running_var = written_vector(running_var, "running_var", p, N);
   if (num_batches_tracked) {
     const Tensor& counter = *num_batches_tracked;
     if (counter.numel() != 1 || counter.scalar_type() != ScalarType::Long || !counter.is_cuda() ||
@@ -88,16 +90,19 @@ Tensor eval_forward(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, 
   torch::stable::accelerator::DeviceGuard guard(p.device);
   Scratch scratch;
   std::optional<size_t> x_scale_at;
+  OptionalTensor scale_read = scale;
   gemmbn::GemmScaleStatsArgs g =
-      gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, scratch, x_scale_at);
+      gemm_arguments(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, x_scale_at);
   const int64_t M = g.M, N = g.N;
   gemmbn::FoldEvalAffineArgs f;
   f.dtype = p.kernel_dtype;
   f.N = g.N;
-  f.gamma = optional_vector(gamma, "gamma", p, N);
-  f.beta = optional_vector(beta, "beta", p, N);
-  f.running_mean = optional_vector(running_mean, "running_mean", p, N);
-  f.running_var = optional_vector(running_var, "running_var", p, N);
+  f.gamma = read_vector(gamma, "gamma", p, N);
+  f.beta = read_vector(beta, "beta", p, N);
+  running_mean = readable(running_mean, "running_mean", p, p.dtype, {N});
+  running_var = readable(running_var, "running_var", p, p.dtype, {N});
+  f.running_mean = running_mean.data_ptr();
+  f.running_var = running_var.data_ptr();
   if (!(eps > 0)) fail("eps = " + std::to_string(eps) + " is not positive (the kernels need sqrt(var + eps) > 0)");
   f.eps = eps;
   Tensor out = empty(x, {M, N}, p.dtype);
@@ -141,7 +146,7 @@ std::tuple<Tensor, Tensor> split_weight(Tensor weight) {
   gemmbn::SplitWeightArgs a;
   a.N = checked_int(weight.size(0), "N");
   a.K = checked_int(weight.size(1), "K");
-  check(weight, "weight", p, ScalarType::Float, {a.N, a.K});
+  weight = readable(weight, "weight", p, ScalarType::Float, {a.N, a.K});
   Tensor weight_split = empty(weight, {a.N, gemmbn::split_weight_columns(a.K)}, ScalarType::Half);
   Tensor weight_unscale = empty(weight, {a.N}, ScalarType::Float);
   a.weight = static_cast<const float*>(weight.data_ptr());
@@ -158,7 +163,7 @@ Tensor transpose_padded(Tensor input) {
   torch::stable::accelerator::DeviceGuard guard(p.device);
   gemmbn::TransposePaddedArgs a;
   a.rows = input.size(0), a.cols = input.size(1), a.out_columns = (a.rows + 3) / 4 * 4;
-  check(input, "input", p, ScalarType::Float, {a.rows, a.cols});
+  input = readable(input, "input", p, ScalarType::Float, {a.rows, a.cols});
   Tensor out = empty(input, {a.cols, a.out_columns}, ScalarType::Float);
   a.in = static_cast<const float*>(input.data_ptr());
   a.out = static_cast<float*>(out.data_ptr());
@@ -181,23 +186,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
   a.M = checked_int(dout.size(0), "M");
   a.N = checked_int(dout.size(1), "N");
   const int64_t M = a.M, N = a.N;
-  check(dout, "dout", p, p.dtype, {M, N});
-  if (y) check(*y, "y", p, p.dtype, {M, N});
-  check(mean, "mean", p, ScalarType::Float, {N});
-  check(invstd, "invstd", p, ScalarType::Float, {N});
+  dout = readable(dout, "dout", p, p.dtype, {M, N});
+  if (y) y = readable(*y, "y", p, p.dtype, {M, N});
+  mean = readable(mean, "mean", p, ScalarType::Float, {N});
+  invstd = readable(invstd, "invstd", p, ScalarType::Float, {N});
   if (x.dim() != 2) fail("x must be 2-D, got shape " + shape_string(x));
   a.K = checked_int(x.size(1), "K");
-  check(x, "x", p, p.dtype, {M, a.K});
-  check(weight, "weight", p, p.dtype, {N, a.K});
+  x = readable(x, "x", p, p.dtype, {M, a.K});
+  weight = readable(weight, "weight", p, p.dtype, {N, a.K});
   a.dout = dout.data_ptr();
   a.y = y ? y->data_ptr() : nullptr;
   a.mean = static_cast<const float*>(mean.data_ptr());
   a.invstd = static_cast<const float*>(invstd.data_ptr());
-  a.gamma = optional_vector(gamma, "gamma", p, N);
-  check(scale, "scale", p, p.dtype, {N});
+  a.gamma = read_vector(gamma, "gamma", p, N);
+  scale = readable(scale, "scale", p, p.dtype, {N});
   a.scale = scale.data_ptr();
   a.x = x.data_ptr(), a.weight = weight.data_ptr();
-  a.bias = optional_vector(bias, "bias", p, N);
+  a.bias = read_vector(bias, "bias", p, N);
   a.batch_statistics = batch_statistics;
   if (outputs < 0 || outputs > 31) fail("outputs must be a bit mask of 5 bits (dz, dgamma, dbeta, dbias, dscale)");
   auto output = [&](int64_t bit, std::vector<int64_t> shape, void*& pointer) {

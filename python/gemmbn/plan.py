@@ -1,8 +1,9 @@
 """Whether a call can take the fused path, answered ahead of the call: ``gemmbn.fused_plan`` (public).
 
-The forward and backward do not ask it: they call the native operators, which check the same facts in C++ and
-refuse before anything runs (the callers then fall back). This module mirrors those checks for users who want
-the verdict up front; tests/test_operators_gpu.py holds the two to the same answers.
+Eager calls do not ask it: they call the native operators, which check the same facts in C++ and refuse before
+anything runs (the callers then fall back). This module mirrors those checks for users who want the verdict up
+front, and for traced graphs (torch.compile), which must choose their route without data: ``static_reason``.
+tests/test_operators_gpu.py holds the plan to the operators' answers.
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ def _size_reason(x: Tensor, weight: Tensor, present: dict[str, Tensor]) -> str |
     return None
 
 
+# The tensors the kernels update in place: the operators cannot copy them into the kernels' layout (a copy would not
+# carry the update back), so these alone must arrive contiguous and aligned. Every other operand may be a view.
+_WRITTEN = ("running_mean", "running_var")
+
+
 def layout_reason(
     x: Tensor, weight: Tensor, vectors: dict[str, Tensor | None], eps: float, batches_tracked: Tensor | None = None
 ) -> str | None:
-    """None when dtypes, sizes and alignment suit the kernels, else the first reason they do not.
-
-    ``x`` and ``weight`` are expected contiguous already (the ops make them so); ``vectors`` maps
-    names to the [N] tensors (bias, scale, gamma, beta, running stats), None entries ignored.
+    """None when the dtypes, sizes and strides suit the kernels, else the first reason they do not (data pointers
+    aside). ``vectors`` maps names to the [N] tensors (bias, scale, gamma, beta, running stats), None entries ignored.
     """
     present = _present(weight, vectors)
     reason = _size_reason(x, weight, present)
@@ -57,14 +61,21 @@ def layout_reason(
         return reason
     if batches_tracked is not None and batches_tracked.dtype != torch.int64:
         return f"num_batches_tracked is {batches_tracked.dtype}; the kernels count in int64"
-    for name, tensor in {"x": x, **present}.items():
-        if not tensor.is_contiguous():
-            return f"{name} is not contiguous"
-        if tensor.data_ptr() % _ALIGNMENT:
-            return f"{name}'s data pointer is not 16-byte aligned"
+    for name in _WRITTEN:
+        if name in present and not present[name].is_contiguous():
+            return f"{name} is not contiguous (the kernels update it in place)"
     if not eps > 0:
         return f"eps={eps} is not positive (the kernels need sqrt(var + eps) > 0)"
     return None
+
+
+def static_reason(
+    x: Tensor, weight: Tensor, vectors: dict[str, Tensor | None], eps: float, batches_tracked: Tensor | None = None
+) -> str | None:
+    """The device's reason, then layout_reason's: everything but data pointers, so it answers for the fake tensors of
+    a trace too (a traced graph takes the fused path on it; a running buffer at an unaligned address is then refused
+    when the graph runs)."""
+    return fused_unavailable_reason(x) or layout_reason(x, weight, vectors, eps, batches_tracked)
 
 
 def fused_plan(
@@ -74,5 +85,17 @@ def fused_plan(
     eps: float,
     batches_tracked: Tensor | None = None,
 ) -> str | None:
-    """None when the fused kernels can run this call, else why not (device first, then layout)."""
-    return fused_unavailable_reason(x) or layout_reason(x, weight, vectors, eps, batches_tracked)
+    """None when the fused kernels can run this call, else why not (device first, then layout).
+
+    ``vectors`` maps names to the [N] tensors (bias, scale, gamma, beta, running_mean, running_var), None entries
+    ignored. Operands the kernels only read may have any strides and offset (the operators copy them into the
+    kernels' layout); the running statistics must be contiguous and 16-byte aligned.
+    """
+    reason = static_reason(x, weight, vectors, eps, batches_tracked)
+    if reason is not None:
+        return reason
+    for name in _WRITTEN:
+        tensor = vectors.get(name)
+        if tensor is not None and tensor.data_ptr() % _ALIGNMENT:
+            return f"{name}'s data pointer is not 16-byte aligned (the kernels update it in place)"
+    return None
