@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 from _gpu import CONFIGS, DEVICE, fused_path, model, poison_next_allocation, rand_x, require_extension
 from _helpers import cotangent, float64_grads, grads, reference_copy
 from conftest import requires_sm90
@@ -269,23 +270,38 @@ def test_cuda_graph_of_training_steps(name, backward_calls):
     assert len(backward_calls) == 2 + 1 + 3  # warm-ups, the capture, the eager steps
 
 
-@pytest.mark.parametrize("name", ["fp32-highest", "bf16"])
-def test_compiled_training_step_runs_the_fused_backward(name, backward_calls):
-    """torch.compile(fullgraph=True) of the module: its backward graph calls gemmbn::linear_scale_bn_backward,
-    whose gradients equal the eager module's."""
+# (config, torch's float32 matmul precision, whether the backward graph calls the native operators): a TF32 module
+# under torch's "highest" keeps the backward in the Python operator (its cuBLAS GEMMs need the TF32 switch flipped,
+# which a graph cannot do: backward.traced_natively).
+COMPILED_STEPS = [("fp32-highest", "highest", True), ("fp32-high", "high", True), ("bf16", "highest", True),
+                  ("fp32-high", "highest", False)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "setting", "native_backward"), COMPILED_STEPS)
+def test_compiled_training_step_calls_the_native_operators(name, setting, native_backward):
+    """torch.compile(fullgraph=True) of the module: the code Inductor generates calls gemmbn's native operators
+    (the forward and the backward kernel; the split weight for "highest"), not the Python operators that wrap the
+    reference route, and outputs, running statistics and gradients equal the eager module's bitwise."""
     dtype, precision = CONFIGS[name]
     M, K, N = 1001, 512, 264
     eager = model(dtype, precision, K, N, momentum=None)
     compiled_module = copy.deepcopy(eager)
     compiled = torch.compile(compiled_module, fullgraph=True)
     x = rand_x(M, K, dtype)
-    with fused_path():
+    with fused_path(), float32_matmul_precision(setting):
         expected = grads(eager, x)
-        calls_before = len(backward_calls)
-        actual = grads(compiled, x)
-    assert len(backward_calls) == calls_before + 1, "the compiled backward did not run the fused kernel"
+        actual, code = run_and_get_code(grads, compiled, x)
+    code = "\n".join(code)
+    native = ["gemmbn.train_forward"] + (["gemmbn.batch_norm_backward"] if native_backward else [])
+    native += ["gemmbn.split_weight"] if name == "fp32-highest" else []
+    for operator in native:
+        assert operator in code, f"the compiled step does not call {operator}"
+    assert "linear_scale_bn_train" not in code, "the compiled forward calls the Python operator"
+    assert ("linear_scale_bn_backward" in code) != native_backward
     for key, grad in expected.items():
         torch.testing.assert_close(actual[key], grad, rtol=0, atol=0, msg=lambda m, key=key: f"{key}: {m}")
+    for key in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(getattr(compiled_module.bn, key), getattr(eager.bn, key)), key
 
 
 @pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype feature")

@@ -65,6 +65,14 @@ def call(operator, *args):
         raise
 
 
+def operator(name: str) -> torch._ops.OpOverload:
+    """gemmbn::<name>'s default overload; RuntimeError if the library is not loadable. Eager calls take it from
+    operators() (a torch.ops attribute lookup costs microseconds); traced code from torch.ops, which dynamo folds."""
+    if torch.compiler.is_compiling():
+        return getattr(torch.ops.gemmbn, name).default
+    return getattr(operators(), name)
+
+
 @functools.cache
 def operators() -> types.SimpleNamespace:
     """gemmbn's torch operators by name (their default OpOverloads, looked up once); RuntimeError if not loadable."""
@@ -74,11 +82,19 @@ def operators() -> types.SimpleNamespace:
     return types.SimpleNamespace(**{name: getattr(torch.ops.gemmbn, name).default for name in OPERATOR_NAMES})
 
 
+@torch.compiler.assume_constant_result  # traced, a constant (a process's build and GPUs do not change)
+def _environment_reason(device_index: int) -> str | None:
+    """None where the operators are loaded and cuda:<device_index> runs their kernels, else why not."""
+    return _environment_reason_cached(device_index)
+
+
 @functools.cache
-def _device_reason(device_index: int) -> str | None:
-    """None where the kernels run on the CUDA device, else the reason (cached per device)."""
-    supported, reason = torch.ops.gemmbn_debug.device_support(device_index)
-    return None if supported else f"cuda:{device_index} cannot run the fused kernels: {reason}"
+def _environment_reason_cached(device_index: int) -> str | None:
+    reason = load_operators()
+    if reason is not None:
+        return reason
+    supported, why = torch.ops.gemmbn_debug.device_support(device_index)
+    return None if supported else f"cuda:{device_index} cannot run the fused kernels: {why}"
 
 
 def fused_unavailable_reason(x: Tensor) -> str | None:
@@ -87,7 +103,4 @@ def fused_unavailable_reason(x: Tensor) -> str | None:
         return f"x is on {x.device.type}; the fused kernels need an sm90 (Hopper) GPU"
     if x.dtype not in _FUSED_DTYPES:
         return f"dtype {x.dtype} has no fused kernel (float32, bfloat16 and float16 do)"
-    reason = load_operators()
-    if reason is not None:
-        return reason
-    return _device_reason(x.device.index if x.device.index is not None else 0)
+    return _environment_reason(x.device.index if x.device.index is not None else 0)

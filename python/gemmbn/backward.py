@@ -26,7 +26,7 @@ import os
 import torch
 from torch import Tensor
 
-from . import fused
+from . import fused, plan
 from . import precision as precision_mod
 from ._native import Refused, fused_unavailable_reason
 from .fallback import warn_once
@@ -64,18 +64,13 @@ def _normalization_grads_reference(
     return grad_y, dbeta, dgamma, grad_y.sum(0), sum_grad_y_y
 
 
-def _operand(t: Tensor) -> Tensor:
-    """t contiguous and 16-byte aligned, as the kernels read it (a copy only where it is not)."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 def _reduction_rows(t: Tensor) -> Tensor:
-    """t [R, C] as gemmbn's GEMMs read an operand whose reduction runs along C: contiguous float32 rows, C a
-    multiple of 4 (zero columns added). A transposed view (dz^T, x^T, W^T) goes through the tiled transpose."""
+    """t [R, C] as gemmbn's GEMMs read an operand whose reduction runs along C: float32 rows, C a multiple of 4
+    (zero columns added). A transposed view (dz^T, x^T, W^T) goes through the tiled transpose; the operators copy
+    any other layout into theirs."""
     if t.is_contiguous() and t.shape[1] % 4 == 0:
-        return _operand(t)
-    return fused.transpose_padded(_operand(t.t()))
+        return t
+    return fused.transpose_padded(t.t())
 
 
 def _torch_gemm_precision(route: str):
@@ -107,9 +102,7 @@ def _fused_grads(
 ) -> tuple[Tensor | None, ...]:
     """(dx, dW, db, ds, dgamma, dbeta) on the fused route: the kernel for dz and the [N] gradients, two GEMMs."""
     need_x, need_w, need_b, need_s, need_gamma, need_beta = needs
-    x, weight, scale = _operand(x), _operand(weight), _operand(scale)
-    bias, gamma = (None if t is None else _operand(t) for t in (bias, gamma))
-    dout = _operand(dout if dout.dtype == x.dtype else dout.to(x.dtype))
+    dout = dout if dout.dtype == x.dtype else dout.to(x.dtype)
     mean, invstd = (t if t.dtype == torch.float32 else t.float() for t in (mean, invstd))
     dz, dgamma, dbeta, db, ds = fused.batch_norm_backward(
         dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics,
@@ -158,6 +151,21 @@ def _route(x: Tensor, precision: str) -> str:
     return REFERENCE
 
 
+def traced_natively(
+    x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gamma: Tensor | None, beta: Tensor | None,
+    precision: str,
+) -> bool:
+    """Whether a traced backward (torch.compile) can call the native operators itself: the fused route's
+    trace-time verdict (plan.static_reason) allows it, and its torch GEMMs need no change of PyTorch's TF32 switch
+    (the TF32 route of a module pinned to "high" while PyTorch's setting is "highest"), which a graph cannot make."""
+    if not FUSED:
+        return False
+    vectors = {"bias": bias, "scale": scale, "gamma": gamma, "beta": beta}
+    if plan.static_reason(x, weight, vectors, eps=1.0) is not None:  # eps is the forward's business
+        return False
+    return precision_mod.resolve(x.dtype, precision) != precision_mod.TF32 or precision_mod.current() != "highest"
+
+
 def linear_scale_bn_backward(
     dout: Tensor,
     x: Tensor,
@@ -195,7 +203,7 @@ def linear_scale_bn_backward(
         try:
             # y was not kept (eval) but ds needs it, or dgamma xhat: make it again.
             if y is None and (needs[4] or batch_statistics or needs[3]):
-                y = fused.linear_scale(*(None if t is None else _operand(t) for t in (x, weight, bias, scale)), route)
+                y = fused.linear_scale(x, weight, bias, scale, route)
             return _fused_grads(route, dout, x, weight, bias, scale, gamma, y, mean, invstd, batch_statistics, needs)
         except Refused as refusal:  # the operators checked the layout before running anything
             warn_once(str(refusal))

@@ -1,26 +1,28 @@
 """The fused (native) paths: one call each into gemmbn's torch operators (python/csrc/operators.cpp).
 
-Each operator checks its arguments (dtypes, shapes, devices, contiguity, alignment), picks the GEMM's
-configuration row, allocates its outputs and workspace from torch's caching allocator and launches on torch's
-current stream of the inputs' device, all in C++: nothing here synchronizes with the host, so the paths are
-CUDA-graph capturable. Arguments the kernels cannot take are refused before anything runs, and the refusal
-surfaces here as ``Refused`` with the reason: the callers fall back to PyTorch on it, so the layout is checked
-once, in C++. Where the GEMM is short the host's work before the first launch is the
-forward's latency (the GPU waits for it), which is why a forward is a single operator call.
+Each operator checks its arguments (dtypes, shapes, devices), copies read operands of another layout into the
+kernels' (contiguous, 16-byte aligned), picks the GEMM's configuration row, allocates its outputs and workspace
+from torch's caching allocator and launches on torch's current stream of the inputs' device, all in C++: nothing
+here synchronizes with the host, so the paths are CUDA-graph capturable. Arguments the kernels cannot take are
+refused before anything the caller holds is written, and the refusal surfaces here as ``Refused`` with the reason:
+the callers fall back to PyTorch on it, so the layout is checked once, in C++. Where the GEMM is short the host's
+work before the first launch is the forward's latency (the GPU waits for it), which is why a forward is a single
+operator call.
 
-The operators are reached through their OpOverloads, looked up once (_native.operators()): torch.ops attribute
+The operators are reached through their OpOverloads, looked up once (_native.operator): torch.ops attribute
 lookups cost microseconds a call.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 from torch.autograd.graph import increment_version
 
 from . import precision as precision_mod
 from . import weight_cache
 from ._native import call as _call
-from ._native import operators
+from ._native import operator
 
 
 def _split_weight(weight: Tensor, gemm_kind: str) -> tuple[Tensor | None, Tensor | None]:
@@ -52,11 +54,12 @@ def train_forward(
     ``keep_pre_norm``, else empty and out was normalized in place).
     """
     result = _call(
-        operators().train_forward, x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
+        operator("train_forward"), x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
         momentum, eps, *_split_weight(weight, gemm_kind), keep_pre_norm,
     )  # fmt: skip
-    # The kernels wrote the buffers from C++, which autograd does not see: count the in-place updates.
-    increment_version([t for t in (running_mean, running_var, num_batches_tracked) if t is not None])
+    if not torch.compiler.is_compiling():  # traced, functionalization accounts for the operator's mutations
+        # The kernels wrote the buffers from C++, which autograd does not see: count the in-place updates.
+        increment_version([t for t in (running_mean, running_var, num_batches_tracked) if t is not None])
     return result
 
 
@@ -74,7 +77,7 @@ def eval_forward(
 ) -> Tensor:
     """Running-statistics forward: out = ((xW^T + b) s) g + c with g = gamma/sqrt(rv + eps), c = beta - rm g."""
     split = _split_weight(weight, gemm_kind)
-    return _call(operators().eval_forward, x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, *split)
+    return _call(operator("eval_forward"), x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, *split)
 
 
 # --- backward ---------------------------------------------------------------------------------
@@ -96,30 +99,30 @@ def batch_norm_backward(
     """(dz = s dL/dy [M, N], dgamma, dbeta, dbias, dscale), each in dout's dtype where ``outputs`` (ordered so)
     asks for it, else None: api.h's math, one launch.
 
-    Tensors contiguous and 16-byte aligned, of dout's dtype but mean and invstd (float32 [N]: the running
+    Tensors of dout's dtype but mean and invstd (float32 [N]: the running
     statistics when not ``batch_statistics``); y may be None only then, and neither dgamma nor dscale asked for.
     """
     dz, dgamma, dbeta, dbias, dscale = outputs
     mask = dz | dgamma << 1 | dbeta << 2 | dbias << 3 | dscale << 4  # operators.cpp's BackwardOutput bits
-    grads = _call(operators().batch_norm_backward, dout, y, mean, invstd, gamma, scale, x, weight, bias,
+    grads = _call(operator("batch_norm_backward"), dout, y, mean, invstd, gamma, scale, x, weight, bias,
                   batch_statistics, mask)  # fmt: skip
     return tuple(grad if need else None for grad, need in zip(grads, outputs))
 
 
 def matmul(a: Tensor, b_rows: Tensor, gemm_kind: str) -> Tensor:
-    """a @ b_rows^T in float32 on gemmbn's GEMM (no epilogue): a [M, K], b_rows [N, K], contiguous float32, K and
-    N multiples of 4; the fp32-faithful split GEMM or TF32. For the split GEMM b_rows is split on every call (the
+    """a @ b_rows^T in float32 on gemmbn's GEMM (no epilogue): a [M, K], b_rows [N, K], float32, K and N multiples
+    of 4; the fp32-faithful split GEMM or TF32. For the split GEMM b_rows is split on every call (the
     backward's operands change every step; the weight cache would keep each one alive)."""
     split = weight_cache.split_now(b_rows) if gemm_kind == precision_mod.SPLIT_FP32 else (None, None)
-    return _call(operators().linear_scale, a, b_rows, None, None, *split)
+    return _call(operator("linear_scale"), a, b_rows, None, None, *split)
 
 
 def transpose_padded(t: Tensor) -> Tensor:
-    """t [R, C] (contiguous float32) transposed into a new [C, R'], R' = R rounded up to a multiple of 4, the
+    """t [R, C] (float32) transposed into a new [C, R'], R' = R rounded up to a multiple of 4, the
     columns past R zero: the split GEMM's operand where the reduction runs down t's columns."""
-    return _call(operators().transpose_padded, t)
+    return _call(operator("transpose_padded"), t)
 
 
 def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, gemm_kind: str) -> Tensor:
     """y = (x W^T + b) s on the fused GEMM without statistics (the eval backward's y; scale None: 1)."""
-    return _call(operators().linear_scale, x, weight, bias, scale, *_split_weight(weight, gemm_kind))
+    return _call(operator("linear_scale"), x, weight, bias, scale, *_split_weight(weight, gemm_kind))

@@ -10,9 +10,12 @@ operator accepts the arguments (it checks the layout itself and refuses before a
 PyTorch reference, with a GemmBnFallbackWarning naming the reason (once per reason).
 
 How calls reach them (``forward_train`` and ``forward_eval`` below):
-- under torch.compile, through the operators, which the compiler sees as opaque nodes with fakes;
-- in eager mode, straight into the same implementation functions: the dispatcher's Python layers
-  around a custom op cost tens of microseconds per call, a sizable part of a fused forward.
+- in eager mode, straight into the implementation functions: the dispatcher's Python layers around a custom op
+  cost tens of microseconds per call, a sizable part of a fused forward;
+- under torch.compile, where plan.static_reason (everything but data pointers) allows the fused path, the graph
+  calls the native operators themselves (gemmbn::train_forward, ::split_weight, ::batch_norm_backward...), and a
+  refusal at run time (a running buffer at an unaligned address) is an error; elsewhere these Python operators,
+  opaque nodes with fakes, run the reference route.
 Autograd: PyTorch refuses ``register_autograd`` on an operator that mutates its inputs ("Cannot
 register autograd formula for non-functional operator"), so the gradients are attached by the
 autograd.Functions below, which torch.compile traces (fullgraph included). The eval operator, which
@@ -27,20 +30,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import backward, fused, reference
+from . import backward, fused, plan, reference
 from . import precision as precision_mod
 from ._native import Refused, fused_unavailable_reason
 from .fallback import warn_once
-
-
-def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
-    return None if t is None else t.contiguous()
-
-
-def _contiguous_operands(*operands: Optional[Tensor]) -> tuple[Optional[Tensor], ...]:
-    """x, weight, bias, scale, gamma, beta as the kernels read them (the running statistics are updated in place,
-    so they are never copied: the operator checks them as given)."""
-    return tuple(map(_contiguous, operands))
 
 
 def _output_dtype(x: Tensor, scale: Tensor) -> torch.dtype:
@@ -83,7 +76,6 @@ def _train_impl(
         return _empty_batch_train(x, weight, scale, num_batches_tracked, keep_pre_norm)
     reason = fused_unavailable_reason(x)
     if reason is None:
-        x, weight, bias, scale, gamma, beta = _contiguous_operands(x, weight, bias, scale, gamma, beta)
         try:
             return fused.train_forward(
                 x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
@@ -128,8 +120,23 @@ def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batche
 
 
 def _run_train(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The operator under torch.compile, its implementation directly in eager mode (same arguments)."""
-    return linear_scale_bn_train(*args) if torch.compiler.is_compiling() else _train_impl(*args)
+    """The implementation in eager mode; traced (torch.compile), the native operator where the trace-time verdict
+    allows (the graph then calls gemmbn::train_forward, and gemmbn::split_weight for "highest"), else the Python
+    operator (the reference's route, or an empty batch) as one opaque node. Same arguments as _train_impl."""
+    if not torch.compiler.is_compiling():
+        return _train_impl(*args)
+    x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, momentum, eps = args[:11]
+    vectors = _vectors(bias, scale, gamma, beta, running_mean, running_var)
+    if x.shape[0] == 0 or plan.static_reason(x, weight, vectors, eps, num_batches_tracked) is not None:
+        return linear_scale_bn_train(*args)
+    gemm_kind = precision_mod.resolve(x.dtype, args[11])
+    return fused.train_forward(*args[:11], gemm_kind, args[12])
+
+
+def _vectors(bias, scale, gamma, beta, running_mean=None, running_var=None) -> dict[str, Optional[Tensor]]:
+    """The [N] tensors by name, as plan.static_reason takes them."""
+    return {"bias": bias, "scale": scale, "gamma": gamma, "beta": beta, "running_mean": running_mean,
+            "running_var": running_var}  # fmt: skip
 
 
 # --- backward (either forward) ---------------------------------------------------------------
@@ -173,9 +180,10 @@ def _(dout, x, weight, bias, scale, gamma, beta, pre_norm, mean, invstd, batch_s
 
 
 def _run_backward(*args) -> tuple[Optional[Tensor], ...]:
-    """The gradients (None where not returned): the operator under torch.compile, else its implementation."""
+    """The gradients (None where not returned): the implementation in eager mode, and traced where the forward took
+    the native operators (backward.traced_natively); else the Python operator, one opaque node of the graph."""
     _refuse_double_backward()
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling() or backward.traced_natively(*args[1:7], args[12]):
         return backward.linear_scale_bn_backward(*args)
     grads = linear_scale_bn_backward(*args)
     return tuple(g if present else None for g, present in zip(grads, _grads_present(args[1:7], args[11])))
@@ -191,12 +199,13 @@ def _refuse_double_backward() -> None:
 
 
 class _TrainFunction(torch.autograd.Function):
-    """Autograd for the training forward (the operator itself cannot register a formula: it mutates)."""
+    """Autograd for the training forward (the operator itself cannot register a formula: it mutates). ``run``:
+    _run_train, or _train_native (whose Refused then leaves apply with nothing recorded)."""
 
     @staticmethod
-    def forward(ctx, *args):
+    def forward(ctx, run, *args):
         x, weight, bias, scale, gamma, beta = args[:6]
-        out, pre_norm, save_mean, save_invstd = _run_train(*args)
+        out, pre_norm, save_mean, save_invstd = run(*args)
         ctx.save_for_backward(x, weight, bias, scale, gamma, beta, pre_norm, save_mean, save_invstd)
         ctx.precision = args[11]
         return out
@@ -204,8 +213,20 @@ class _TrainFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         saved = ctx.saved_tensors
-        grads = _run_backward(dout, *saved, True, list(ctx.needs_input_grad[:6]), ctx.precision)
-        return (*grads, None, None, None, None, None, None, None)
+        grads = _run_backward(dout, *saved, True, list(ctx.needs_input_grad[1:7]), ctx.precision)
+        return (None, *grads, None, None, None, None, None, None, None)
+
+
+def _train_native(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """_train_impl's fused route alone, for arguments nothing has validated (the module's native-first call): the
+    operator's checks are the validation, and Refused (the operator's, or the device's reason, or a batch of fewer
+    than two rows, which nn.BatchNorm1d refuses) propagates, so that the caller validates and takes the usual
+    route. Same arguments as _train_impl."""
+    x = args[0]
+    reason = fused_unavailable_reason(x)
+    if reason is not None or x.shape[0] < 2:
+        raise Refused(reason or "fewer than two rows")
+    return fused.train_forward(*args[:11], precision_mod.resolve(x.dtype, args[11]), args[12])
 
 
 def forward_train(
@@ -221,14 +242,17 @@ def forward_train(
     momentum: Optional[float],
     eps: float,
     precision: str,
+    native_first: bool = False,
 ) -> Tensor:
     """Differentiable out of linear_scale_bn_train (same arguments). y is kept for the backward only when a
-    gradient other than beta's is needed (beta's is sum dout); otherwise the finish normalizes in place."""
+    gradient other than beta's is needed (beta's is sum dout); otherwise the finish normalizes in place.
+    ``native_first``: straight to the operator, raising Refused where it refuses (_train_native)."""
     args = (x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
             momentum, eps, precision)  # fmt: skip
+    run = _train_native if native_first else _run_train
     if _requires_grad(x, weight, bias, scale, gamma, beta):
-        return _TrainFunction.apply(*args, _requires_grad(x, weight, bias, scale, gamma))
-    return _run_train(*args, False)[0]
+        return _TrainFunction.apply(run, *args, _requires_grad(x, weight, bias, scale, gamma))
+    return run(*args, False)[0]
 
 
 # --- eval (running statistics) ----------------------------------------------------------------
@@ -252,7 +276,6 @@ def _eval_impl(
     precision = precision_mod.normalize(precision)
     reason = fused_unavailable_reason(x)
     if reason is None:
-        x, weight, bias, scale, gamma, beta = _contiguous_operands(x, weight, bias, scale, gamma, beta)
         gemm_kind = precision_mod.resolve(x.dtype, precision)
         try:
             return fused.eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, gemm_kind)
@@ -275,13 +298,18 @@ def _(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, preci
 
 
 def _run_eval(*args) -> Tensor:
-    """The operator under torch.compile, its implementation directly in eager mode and under torch.export (same
-    arguments). torch.export traces the implementation itself (non-strict: plain Python over fake tensors), so the
-    exported program calls the native gemmbn::eval_forward, which AOTInductor packages without Python; the route
-    (fused or reference) and a "default" precision are fixed at export time."""
-    if torch.compiler.is_compiling() and not torch.compiler.is_exporting():
+    """The implementation in eager mode and under torch.export, which traces it (non-strict: plain Python over fake
+    tensors), so that the exported program calls the native gemmbn::eval_forward, which AOTInductor packages without
+    Python. Under torch.compile, the native operator where the trace-time verdict allows, else the Python operator.
+    Either way the route (fused or reference) and a "default" precision are fixed when traced."""
+    if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return _eval_impl(*args)
+    x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision = args
+    vectors = _vectors(bias, scale, gamma, beta, running_mean, running_var)
+    if x.shape[0] == 0 or plan.static_reason(x, weight, vectors, eps) is not None:
         return linear_scale_bn_eval(*args)
-    return _eval_impl(*args)
+    gemm_kind = precision_mod.resolve(x.dtype, precision)
+    return fused.eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, gemm_kind)
 
 
 def _eval_setup_context(ctx, inputs, output):
@@ -291,12 +319,18 @@ def _eval_setup_context(ctx, inputs, output):
 
 
 def _eval_backward(ctx, dout):
+    return _eval_grads(ctx, dout, ctx.needs_input_grad[:6])
+
+
+def _eval_grads(ctx, dout, needs):
+    """The eval forward's (dx, dW, db, ds, dgamma, dbeta) and None for its other inputs; ``needs``: which of
+    (x, weight, bias, scale, gamma, beta) need a gradient."""
     x, weight, bias, scale, gamma, beta, running_mean, running_var = ctx.saved_tensors
     # The running statistics are constants here: xhat = (y - running_mean) / sqrt(running_var + eps).
     stats_dtype = reference.statistics_dtype(x.dtype)
     invstd = torch.rsqrt(running_var.to(stats_dtype) + ctx.eps)
     grads = _run_backward(dout, x, weight, bias, scale, gamma, beta, x.new_empty(0), running_mean.to(stats_dtype),
-                          invstd, False, list(ctx.needs_input_grad[:6]), ctx.precision)  # fmt: skip
+                          invstd, False, list(needs), ctx.precision)  # fmt: skip
     return (*grads, None, None, None, None)
 
 
@@ -304,15 +338,27 @@ linear_scale_bn_eval.register_autograd(_eval_backward, setup_context=_eval_setup
 
 
 class _EvalFunction(torch.autograd.Function):
-    """Autograd for the eval forward when it is reached without the operator (eager mode)."""
+    """Autograd for the eval forward when it is reached without the operator (eager mode). ``run``: _run_eval or
+    _eval_native."""
 
     @staticmethod
-    def forward(ctx, *args):
-        out = _run_eval(*args)
+    def forward(ctx, run, *args):
+        out = run(*args)
         _eval_setup_context(ctx, args, out)
         return out
 
-    backward = staticmethod(_eval_backward)
+    @staticmethod
+    def backward(ctx, dout):
+        return (None, *_eval_grads(ctx, dout, ctx.needs_input_grad[1:7]))
+
+
+def _eval_native(*args) -> Tensor:
+    """_eval_impl's fused route alone, Refused propagating (as _train_native). Same arguments as _eval_impl."""
+    x = args[0]
+    reason = fused_unavailable_reason(x)
+    if reason is not None or x.shape[0] == 0:
+        raise Refused(reason or "no rows")
+    return fused.eval_forward(*args[:9], precision_mod.resolve(x.dtype, args[9]))
 
 
 def forward_eval(
@@ -326,9 +372,11 @@ def forward_eval(
     running_var: Tensor,
     eps: float,
     precision: str,
+    native_first: bool = False,
 ) -> Tensor:
-    """Differentiable linear_scale_bn_eval (same arguments)."""
+    """Differentiable linear_scale_bn_eval (same arguments; ``native_first`` as forward_train's)."""
     args = (x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision)
+    run = _eval_native if native_first else _run_eval
     if _requires_grad(x, weight, bias, scale, gamma, beta):
-        return _EvalFunction.apply(*args)
-    return _run_eval(*args)
+        return _EvalFunction.apply(run, *args)
+    return run(*args)

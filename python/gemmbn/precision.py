@@ -32,6 +32,10 @@ _FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def current() -> str:
     """PyTorch's float32 matmul precision now: torch.get_float32_matmul_precision()."""
+    if torch.compiler.is_compiling():
+        # Traced, the TF32 switch itself: dynamo folds it into a constant and guards on it (a change recompiles);
+        # "medium" sets it too, and runs "high"'s kernels anyway.
+        return "high" if torch._C._get_cublas_allow_tf32() else "highest"
     try:
         return torch.get_float32_matmul_precision()
     except RuntimeError:

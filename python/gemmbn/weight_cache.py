@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._native import call, operators
+from ._native import call, operator
 
 
 @dataclass
@@ -46,12 +46,12 @@ def clear() -> None:
 
 
 def split_now(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """(weight_split, weight_unscale) of a contiguous float32 [N, K] CUDA tensor, made on the current stream, uncached."""
-    return call(operators().split_weight, weight)
+    """(weight_split, weight_unscale) of a float32 [N, K] CUDA tensor, made on the current stream, uncached."""
+    return call(operator("split_weight"), weight)
 
 
 def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """(weight_split, weight_unscale) of a contiguous float32 CUDA weight, made on the current stream when stale.
+    """(weight_split, weight_unscale) of a float32 CUDA weight, made on the current stream when stale.
 
     The split is made on the stream of the forward that first needs it, and the GEMM after it runs on
     that stream too, so no event is needed: a later forward on another stream is ordered by the
