@@ -9,11 +9,17 @@ import warnings
 import pytest
 import torch
 from conftest import requires_sm90
+from _helpers import assert_state_equal, make_pair, snapshot
+from test_errors import BAD_INPUTS
+from test_errors import K as BAD_K
+from test_errors import N as BAD_N
 from test_fallback import LAYOUTS, _vectors
+from torch._inductor.utils import run_and_get_code
 
-from _gpu import DEVICE, poison_next_allocation, require_extension
+from _gpu import DEVICE, fused_path, poison_next_allocation, require_extension
 
-from gemmbn import GemmBnFallbackWarning, _native, fallback, fused, fused_plan, ops, reference
+from gemmbn import (GemmBnFallbackWarning, GemmScaleBatchNorm, _native, fallback, fused, fused_plan,
+                    linear_scale_batch_norm, ops, reference)
 from gemmbn.precision import float32_matmul_precision
 from gemmbn.tolerances import output_tolerance, relative_error
 
@@ -175,3 +181,107 @@ def test_the_operators_refuse_what_fused_plan_predicts_and_the_fallback_runs(lay
             assert torch.equal(vectors[name], v[name]), name
     else:
         assert not torch.equal(vectors["running_mean"], before["running_mean"])  # the kernels updated it
+
+
+def _offset(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of t whose data pointer sits one element past a 16-byte boundary (a slice of a longer
+    storage: what x[1:] of a bigger batch gives)."""
+    storage = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = storage[1:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def _strided(t: torch.Tensor) -> torch.Tensor:
+    """t's values in a non-contiguous view (every other element of a storage twice as long)."""
+    storage = torch.empty(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype, device=t.device)
+    view = storage[..., ::2]
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("precision", ["highest", "high"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_read_operands_of_any_layout_take_the_fused_path(dtype, precision):
+    """Offset, strided and transposed views of every operand the kernels only read (x, weight, bias, scale, gamma,
+    beta; dout in the backward) run the kernels, no fallback, with the results of contiguous operands: bitwise for
+    what gemmbn's kernels compute; dx and dW of the cuBLAS routes within a few fp32 roundings (cuBLAS picks its
+    kernel, and so its summation order, by the operands' layout: a transposed weight runs another one)."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(M, K, dtype=dtype, device=DEVICE), torch.randn(N, K, dtype=dtype, device=DEVICE) / K**0.5
+    bias, scale, gamma, beta = (torch.randn(N, dtype=dtype, device=DEVICE) for _ in range(4))
+    dout = torch.randn(M, N, dtype=dtype, device=DEVICE)
+    views = {"x": _offset(x), "weight": weight.t().contiguous().t(), "bias": _strided(bias), "scale": _offset(scale),
+             "gamma": _strided(gamma), "beta": _offset(beta)}  # fmt: skip
+    assert not views["weight"].is_contiguous() and views["x"].data_ptr() % 16
+    results = []
+    for operands in ({"x": x, "weight": weight, "bias": bias, "scale": scale, "gamma": gamma, "beta": beta}, views):
+        leaves = {name: t.detach().requires_grad_(True) for name, t in operands.items()}
+        running = [torch.zeros(N, dtype=dtype, device=DEVICE), torch.ones(N, dtype=dtype, device=DEVICE)]
+        counter = torch.tensor(0, device=DEVICE)
+        with fused_path():
+            out = linear_scale_batch_norm(leaves["x"], leaves["weight"], leaves["bias"], leaves["scale"],
+                                          leaves["gamma"], leaves["beta"], *running, counter, True, 0.1, 1e-5,
+                                          precision)  # fmt: skip
+            out.backward(dout if operands is not views else _strided(dout))
+        results.append({"out": out, "running_mean": running[0], "running_var": running[1],
+                        **{name: leaves[name].grad for name in leaves}})  # fmt: skip
+    own_gemms = dtype == torch.float32 and precision == "highest"  # the split GEMM: gemmbn's own, dx and dW too
+    for name, contiguous in results[0].items():
+        if name in ("x", "weight") and not own_gemms:
+            # Sums of K or M <= 200 O(1) products in another fp32 order differ by up to ~200 * 2^-24 ~ 1e-5 (more,
+            # relatively, where a sum cancels): 1e-4 is 10x that. bf16 gradients are rounded after it: one bf16 ulp
+            # (at most 2^-7 relative).
+            tolerance = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-4}
+            torch.testing.assert_close(results[1][name], contiguous, **tolerance, msg=lambda m, n=name: f"{n}: {m}")
+        else:
+            assert torch.equal(results[1][name], contiguous), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_compiled_eval_calls_the_native_operator(dtype):
+    """torch.compile of an eval model: the generated code calls gemmbn::eval_forward; output bitwise eager's."""
+    torch.manual_seed(0)
+    module = GemmScaleBatchNorm(K, N, (N,)).to(DEVICE, dtype).eval()
+    module.bn.running_mean.uniform_(-1, 1)
+    module.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(M, K, dtype=dtype, device=DEVICE)
+    with torch.no_grad():
+        expected = module(x)
+        out, code = run_and_get_code(torch.compile(module, fullgraph=True), x)
+    assert "gemmbn.eval_forward" in "\n".join(code) and "linear_scale_bn_eval" not in "\n".join(code)
+    assert torch.equal(out, expected)
+
+
+def test_a_compiled_module_follows_the_precision_switch():
+    """precision=None follows torch's float32 matmul precision in a compiled graph too: switching it recompiles
+    (dynamo guards the TF32 switch), and each setting gives the eager module's output bitwise."""
+    torch.manual_seed(0)
+    module = GemmScaleBatchNorm(K, N, (N,)).to(DEVICE)
+    compiled = torch.compile(module, fullgraph=True)
+    x = torch.randn(M, K, device=DEVICE)
+    outputs = {}
+    for setting in ("highest", "high", "highest"):
+        with float32_matmul_precision(setting), torch.no_grad():
+            expected = module(x)  # a training forward's output does not read the running statistics it moves
+            actual = compiled(x)
+        assert torch.equal(actual, expected), setting
+        outputs[setting] = actual
+    assert not torch.equal(outputs["highest"], outputs["high"])  # two GEMMs ran, not one
+
+
+@pytest.mark.parametrize("bad", list(BAD_INPUTS))
+def test_bad_input_to_a_cuda_module_raises_the_validated_routes_error(bad):
+    """A module on the GPU calls the operator before any Python validation (functional.native_first): each bad
+    input of test_errors still raises the validated route's error (type and message) and moves nothing."""
+    make_x, error, match = BAD_INPUTS[bad]
+    _, drop_in = make_pair(BAD_K, BAD_N, device=DEVICE)
+    drop_in(torch.rand(8, BAD_K, device=DEVICE))  # non-trivial running statistics
+    before = snapshot(drop_in)
+    if bad == "x_on_other_device":
+        x, match = torch.rand(8, BAD_K), "weight is on cuda:0 but x is on cpu"
+    else:
+        x = make_x().to(DEVICE)
+    with pytest.raises(error, match=match):
+        drop_in(x)
+    assert_state_equal(drop_in, before)

@@ -8,19 +8,37 @@ import torch
 from torch import Tensor, nn
 
 from . import precision as precision_mod
-from .functional import linear_scale_batch_norm
+from ._native import Refused
+from .functional import linear_scale_batch_norm, native_first
 
 
 def _member(module: nn.Module, name: str):
-    """module.<name> (a parameter, buffer or submodule) read from nn.Module's own tables.
-
-    nn.Module.__getattr__ costs ~0.7 us a lookup and a forward makes eleven, while the GPU waits for
-    the launch at small shapes; anything else (a plain attribute) takes the usual lookup.
-    """
+    """module.<name> (a parameter, buffer or submodule) read from nn.Module's own tables, else the usual lookup (a
+    parametrized weight is a property, say)."""
     for table in (module._parameters, module._buffers, module._modules):
         if name in table:
             return table[name]
     return getattr(module, name)
+
+
+def _operands(module: GemmScaleBatchNorm) -> tuple:
+    """(gemm, bn, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked) of the module.
+
+    Read from nn.Module's tables: nn.Module.__getattr__ costs ~0.7 us a lookup and a forward makes eleven, while
+    the GPU waits for the launch at small shapes. A name missing from the expected table (a parametrized weight,
+    a scale kept as a buffer) takes _member's general route.
+    """
+    try:
+        modules = module._modules
+        gemm, bn = modules["gemm"], modules["bn"]
+        linear, affine, buffers = gemm._parameters, bn._parameters, bn._buffers
+        return (gemm, bn, linear["weight"], linear["bias"], module._parameters["scale"], affine["weight"],
+                affine["bias"], buffers["running_mean"], buffers["running_var"], buffers["num_batches_tracked"])  # fmt: skip
+    except KeyError:
+        gemm, bn = _member(module, "gemm"), _member(module, "bn")
+        names = ((gemm, "weight"), (gemm, "bias"), (module, "scale"), (bn, "weight"), (bn, "bias"),
+                 (bn, "running_mean"), (bn, "running_var"), (bn, "num_batches_tracked"))  # fmt: skip
+        return (gemm, bn, *(_member(owner, name) for owner, name in names))
 
 
 class GemmScaleBatchNorm(nn.Module):
@@ -86,26 +104,25 @@ class GemmScaleBatchNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """out = bn(gemm(x) * scale), reading bn's current mode, momentum, eps and buffers like nn.BatchNorm1d."""
-        gemm, bn = _member(self, "gemm"), _member(self, "bn")
-        tracking = bn.training and bn.track_running_stats
+        gemm, bn, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked = _operands(self)
+        training = bn.training
         # nn.BatchNorm1d passes its buffers unless training without tracking.
-        use_buffers = not bn.training or bn.track_running_stats
-        return linear_scale_batch_norm(
-            x,
-            _member(gemm, "weight"),
-            _member(gemm, "bias"),
-            _member(self, "scale"),
-            _member(bn, "weight"),
-            _member(bn, "bias"),
-            _member(bn, "running_mean") if use_buffers else None,
-            _member(bn, "running_var") if use_buffers else None,
-            _member(bn, "num_batches_tracked") if tracking else None,
-            bn.training,
-            bn.momentum,
-            bn.eps,
-            self.precision,
-            self.process_group,
-        )
+        use_buffers = not training or bn.track_running_stats
+        args = (
+            x, weight, bias, scale, gamma, beta,
+            running_mean if use_buffers else None,
+            running_var if use_buffers else None,
+            num_batches_tracked if training and bn.track_running_stats else None,
+            training, bn.momentum, bn.eps, self.precision,
+        )  # fmt: skip
+        # Eager calls go straight to the operator, which checks them (functional.native_first); traced ones
+        # (torch.compile, export) and refused ones (a CPU tensor, say) take the validated route.
+        if self.process_group is None and isinstance(x, Tensor) and not torch.compiler.is_compiling():
+            try:
+                return native_first(*args)
+            except Refused:
+                pass
+        return linear_scale_batch_norm(*args, self.process_group)
 
     def __deepcopy__(self, memo):
         """A copy with its own parameters and buffers that shares the process group (a group cannot be copied:
