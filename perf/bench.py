@@ -2,14 +2,15 @@
 
     python perf/bench.py --set kernelbench|large_n|sweep|tiny|all|<a,b,...> [--providers ...]
                          [--configs fp32,tf32,bf16,fp16] [--iters N] [--out CSV] [--no-compile]
-                         [--quick] [--max-minutes M] [--device auto|cpu|cuda]
+                         [--quick] [--max-minutes M] [--device auto|cpu|cuda] [--sync]
 
 Forward pass under torch.no_grad(); BatchNorm in training mode (batch statistics, running statistics
 updated) and, for gemmbn and eager, also in eval mode. Writes one CSV row per shape x config x
 provider x mode (see perf/README.md), then prints perf/report.py's table.
 
 GPU: CUDA events around each call; before every timed call a 256 MB buffer is written (outside the
-events) so that no operand is left in the 60 MB L2. CPU: time.perf_counter, eager and the gemmbn
+events) so that no operand is left in the 60 MB L2; --sync also waits for the GPU to go idle before each timed
+call (KernelBench's harness: a single call's latency, the host's time before the first launch included). CPU: time.perf_counter, eager and the gemmbn
 fallback only, tiny set only; such numbers are not comparable with GPU ones.
 """
 
@@ -84,6 +85,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="10 timed calls after 2 warm-up calls")
     parser.add_argument("--max-minutes", type=float, help="start no torch.compile measurement after this long")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--sync", action="store_true", help="synchronize before each timed call (KernelBench's method)")
     args = parser.parse_args(argv)
     args.iters = 10 if args.quick else max(args.iters, 10)
     args.warmup = 2 if args.quick else 3  # cudagraph trees (max-autotune) replay from the third call
@@ -98,17 +100,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 class Timer:
     """gemmbn.timing's method with this run's settings: candidates timed interleaved (clock drift under
     sustained load falls on all alike; a first block was seen ~10% faster than a later block of the same
-    kernel on the H200), L2 flushed before every timed call, no host sync between calls."""
+    kernel on the H200), L2 flushed before every timed call, no host sync between calls unless ``synchronize``."""
 
-    def __init__(self, device: torch.device, iters: int, warmup: int) -> None:
-        self.device, self.iters, self.warmup = device, iters, warmup
+    def __init__(self, device: torch.device, iters: int, warmup: int, synchronize: bool = False) -> None:
+        self.device, self.iters, self.warmup, self.synchronize = device, iters, warmup, synchronize
         self.flush = timing.flush_buffer(device)
 
     def __call__(self, fn) -> list[float]:
         return self.interleaved([fn])[0]
 
     def interleaved(self, fns: list) -> list[list[float]]:
-        return timing.interleaved_ms(fns, self.device, self.iters, self.warmup, self.flush)
+        return timing.interleaved_ms(fns, self.device, self.iters, self.warmup, self.flush, self.synchronize)
 
 
 class Progress:
@@ -168,7 +170,8 @@ def metadata(device: torch.device, args: argparse.Namespace) -> dict[str, str]:
         meta.update(gpu=props.name, driver=driver or "unknown", cuda=torch.version.cuda or "unknown",
                     sms=str(props.multi_processor_count), l2_mb=f"{l2 / 2**20:.0f}" if l2 else "unknown",
                     timing=f"CUDA events; providers of a shape timed interleaved; L2 flushed before every timed "
-                    f"call by writing {timing.FLUSH_BYTES >> 20} MB (not timed)")  # fmt: skip
+                    f"call by writing {timing.FLUSH_BYTES >> 20} MB (not timed)"
+                    + ("; the GPU idle (synchronized) before each timed call" if args.sync else "; back to back"))  # fmt: skip
     else:
         meta.update(gpu="none (CPU run)", driver="n/a", cuda=torch.version.cuda or "none",
                     timing="time.perf_counter on the CPU, providers interleaved, no cache flush",
@@ -367,11 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     work = plan(args, device)
     meta = metadata(device, args)
     gpu_slug = "cpu" if device.type == "cpu" else meta["gpu"].lower().replace("nvidia ", "").replace(" ", "-")
-    out = args.out or HERE / "results" / f"{args.set.replace(',', '+')}-{gpu_slug}.csv"
+    out = args.out or HERE / "results" / f"{args.set.replace(',', '+')}{'-sync' if args.sync else ''}-{gpu_slug}.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     if device.type == "cpu":
         print("NOTE: no CUDA: timing the PyTorch fallback and eager on the CPU; not comparable with GPU numbers.")
-    timer = Timer(device, args.iters, args.warmup)
+    timer = Timer(device, args.iters, args.warmup, args.sync)
     progress = Progress(sum(len(jobs) for *_, jobs in work))
     deadline = None if args.max_minutes is None else time.monotonic() + 60 * args.max_minutes
     all_rows, skipped = [], []

@@ -37,6 +37,8 @@ SETS: dict[str, list[Shape]] = {
     "large_n": [Shape(1024, 8192, 8192)],
     "tiny": [Shape(128, 1024, 512)],
     "sweep": _sweep(),
+    # Issue 17's synchronized single-call latency shapes (bench.py --sync): host-bound to GEMM-bound.
+    "latency": [Shape(128, 1024, 512), Shape(4096, 1024, 1024), Shape(1024, 8192, 8192), Shape(16384, 4096, 4096)],
     # Short K, where the statistics epilogue costs most (select_config's short-K clauses; all in the sweep too).
     "short_k": [Shape(16384, 512, 8192), Shape(4096, 512, 8192), Shape(65536, 512, 512), Shape(16384, 1024, 1024)],
 }
