@@ -1,9 +1,10 @@
 """torch.export of a model holding GemmScaleBatchNorm (eval mode), then AOTInductor packaging.
 
 The exported program calls the native operator gemmbn::eval_forward (no Python custom op, no PyTorch GEMM) and gives
-the eager module's output bitwise (the same kernels on the same inputs). Loading the AOTInductor package crashed the
-process on the H200 with torch 2.11 (a segmentation fault, perf/NOTES.md v14), so that step runs in a child process:
-that crash is reported as an expected failure, any other failure fails, and success passes.
+the eager module's output bitwise (the same kernels on the same inputs). Loading an AOTInductor package crashes the
+process on the H200 with torch 2.11 for a model of PyTorch's own layers too (a segmentation fault in the package's
+generated code, perf/NOTES.md v15), so that step runs in a child process: a crash that the plain model shares is
+reported as an expected failure, any other failure (or a crash of ours alone) fails, and success passes.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def test_the_exported_program_calls_the_native_operator(dtype, precision):
 _AOTI_SCRIPT = """
 import sys, torch
 sys.path[:0] = {path!r}
-from test_export_gpu import _model_and_input
-model, x = _model_and_input(getattr(torch, {dtype!r}), {precision!r})
+from test_export_gpu import _model_and_input, _plain_model_and_input
+model, x = (_plain_model_and_input if {plain!r} else _model_and_input)(getattr(torch, {dtype!r}), {precision!r})
 with torch.no_grad():
     expected = model(x)
     program = torch.export.export(model, (x,))
@@ -69,11 +70,23 @@ with torch.no_grad():
 """
 
 
+def _plain_model_and_input(dtype, precision):
+    """The same model with PyTorch's own layers (no gemmbn): whether AOTInductor works here at all."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 264), nn.BatchNorm1d(264), nn.ReLU()).to(DEVICE, dtype).eval()
+    return model, torch.randn(200, 512, device=DEVICE, dtype=dtype)
+
+
+def _package_and_load(tmp_path, plain: bool) -> subprocess.CompletedProcess:
+    script = textwrap.dedent(_AOTI_SCRIPT).format(path=sys.path, plain=plain, dtype="bfloat16", precision=None,
+                                                  package=str(tmp_path / f"model-{plain}.pt2"))  # fmt: skip
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+
+
 def test_the_aoti_package_gives_the_same_output(tmp_path):
-    script = textwrap.dedent(_AOTI_SCRIPT).format(
-        path=sys.path, dtype="bfloat16", precision=None, package=str(tmp_path / "model.pt2")
-    )
-    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    if child.returncode == -signal.SIGSEGV:
-        pytest.xfail("aoti_load_package segfaults on this package (known on torch 2.11: perf/NOTES.md v14)")
+    child = _package_and_load(tmp_path, plain=False)
+    if child.returncode == -signal.SIGSEGV and _package_and_load(tmp_path, plain=True).returncode == -signal.SIGSEGV:
+        # On the H200 with torch 2.11 the package loader crashes in the generated wrapper's own code (std::regex in
+        # parse_device_str) for a model without gemmbn too: the machine's AOTInductor runtime, not this layer.
+        pytest.xfail("aoti_load_package crashes here for a plain PyTorch model too (perf/NOTES.md v15)")
     assert child.returncode == 0, child.stderr[-2000:]
