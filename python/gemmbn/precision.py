@@ -65,12 +65,12 @@ def normalize(precision: str | None) -> str:
 
 def resolve(dtype: torch.dtype, precision: str | None) -> str:
     """GEMM kind for ``dtype`` and ``precision``: SPLIT_FP32, TF32 or NATIVE_16BIT (see module table)."""
-    precision = normalize(precision)
     if dtype not in _FUSED_DTYPES:
         raise TypeError(f"no fused kernel for {dtype}; the kernels take float32, bfloat16 and float16")
     if dtype != torch.float32:
-        return NATIVE_16BIT
-    return SPLIT_FP32 if precision == "highest" else TF32
+        validate(precision)
+        return NATIVE_16BIT  # 16-bit operands ignore the float32 setting: not read
+    return SPLIT_FP32 if normalize(precision) == "highest" else TF32
 
 
 @contextlib.contextmanager
