@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# One device call after a kernel change, logs in OUT_DIR (returned as OUT_DIR/session.tgz):
-#   bash perf/gpu_session.sh OUT_DIR [STEP ...]      (carry .whl/ with the CUTLASS wheel; perf/README.md)
-# Steps run in the order given (default: all of them, in this order):
-#   build             pip install with the ptxas report; the operators also land in OUT_DIR (_operators.so),
-#                     so a later call can carry it as python/gemmbn/ and skip the build
+# One device call, logs in OUT_DIR (returned as OUT_DIR/session.tgz however the call ends: the device tool returns
+# few files):
+#   bash perf/gpu_session.sh OUT_DIR [STEP ...]      (carry .whl/ with the CUTLASS wheel to build; perf/README.md)
+# Same-call A/B runs of two builds or trees: perf/ab.sh. Steps run in the order given (default: build smoke tests
+# tune tune-short finish-bandwidth breakdown bench main-job):
+#   build             pip install with the ptxas report (env.txt, build.log, ptxas.txt); the operators also land
+#                     in OUT_DIR (_operators.so), so a later call can carry it as python/gemmbn/ and skip the build
+#   gpu-tests         every GPU test (pytest -m gpu)
 #   smoke             the native GPU tests of the split GEMM and of every configuration row, stopping at
 #                     the first failure (a quick verdict before the long steps)
 #   tests             the GPU tests (tests/test_native_gpu.py, tests/test_fused_gpu.py)
@@ -17,6 +20,8 @@
 #   breakdown         each launch alone
 #   host              perf/host_overhead.py --profile and perf/anatomy.py at the tiny shape (host-bound)
 #   bench             perf/bench.py at the KernelBench shape, every provider
+#   bench-report      perf/bench.py with GEMMBN_BENCH_ARGS (default: --set kernelbench,tiny,sweep --max-minutes
+#                     5.5), then perf/report.py: bench.csv, bench.txt, bench.md (the README's table), bench.png
 #   tune-epilogue     perf/tune_gemm.py, every row, heuristic order, TF32 and bf16, at 16384x512->8192,
 #                     65536x1024->1024 and 16384x4096->4096 (the statistics node's cost); other sizes by
 #                     GEMMBN_TUNE_SIZES="M K N;M K N;..."
@@ -40,9 +45,16 @@
 # tool's 600 s limit kills the call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source perf/session_lib.sh
-session_begin "${1:?usage: bash perf/gpu_session.sh OUT_DIR [STEP ...]}" session
+archive_dir=${1:?usage: bash perf/gpu_session.sh OUT_DIR [STEP ...]}
 shift
+out=$archive_dir/session
+mkdir -p "$out"
+trap 'tar czf "$archive_dir/session.tgz" -C "$archive_dir" session && rm -rf "$out" && echo "logs: session.tgz"' EXIT
+export PYTHONUNBUFFERED=1
+step() { echo "== $1 ($(date +%T))"; }
+# Whether gemmbn's operators load (the installed build, or python/gemmbn's with PYTHONPATH=python), and from where.
+load_check="import gemmbn._native as n, sys; r = n.load_operators(); \
+print(r or 'operators: ' + n.__file__.replace('_native.py', '_operators.so')); sys.exit(r is not None)"
 steps=${*:-build smoke tests tune tune-short finish-bandwidth breakdown bench main-job}
 deadline=$(( $(date +%s) + ${GEMMBN_SESSION_SECONDS:-560} ))
 # limit SECONDS: the step's limit, or what is left of the call (less a margin for the archive).
@@ -52,7 +64,7 @@ export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null |
 if [ -f python/gemmbn/_operators.so ]; then
   step "prebuilt extension (carried)"
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
-  python3 -c "import gemmbn._native as n, sys; r = n.load_operators(); print(r or 'operators: ' + n.__file__.replace('_native.py', '_operators.so')); sys.exit(r is not None)" || exit 1
+  python3 -c "$load_check" || exit 1
   steps=${steps//build/}
 fi
 for name in $steps; do
@@ -60,9 +72,28 @@ for name in $steps; do
   step "$name"
   case $name in
     build)
-      bash perf/run_on_gpu.sh "$out" --build-only || exit 1
+      python3 -m pip install -q --no-index --no-deps --target /tmp/gemmbn-site .whl/nvidia_cutlass-*.whl || exit 1
+      { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+        nvcc --version | tail -2
+        python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } > "$out/env.txt" 2>&1
+      cat "$out/env.txt"
+      t0=$(date +%s)
+      if ! PYTHONPATH=/tmp/gemmbn-site${PYTHONPATH:+:$PYTHONPATH} CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+          python3 -m pip install --no-build-isolation --no-deps -v . -Ccmake.define.GEMMBN_PTXAS_VERBOSE=ON \
+          > "$out/build.log" 2>&1; then
+        grep -E "error|Error" "$out/build.log" | head -40
+        tail -30 "$out/build.log"
+        exit 1
+      fi
+      echo "build: $(( $(date +%s) - t0 )) s"
+      # Every kernel's stack frame and spills (want 0) and registers.
+      grep -E "Compiling entry|stack frame|Used [0-9]+ registers" "$out/build.log" \
+        | sed -E 's/Compiling entry function .(_Z[^ ]{0,60}).*/\1/' > "$out/ptxas.txt"
       grep "stack frame" "$out/ptxas.txt" | sort | uniq -c
+      (cd /tmp && python3 -c "$load_check") || exit 1
       (cd /tmp && cp "$(python3 -c 'import gemmbn, pathlib; print(pathlib.Path(gemmbn.__file__).with_name("_operators.so"))')" "$archive_dir/") ;;
+    gpu-tests)
+      timeout $(limit 540) python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -25 ;;
     smoke)
       timeout $(limit 150) python3 -m pytest -x -q -rs tests/test_native_gpu.py -k "split or every_configuration_row" 2>&1 \
         | tee "$out/smoke.log" | tail -15 ;;
@@ -104,6 +135,11 @@ for name in $steps; do
     bench)
       timeout $(limit 300) python3 perf/bench.py --set kernelbench --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only \
         --out "$out/bench.csv" 2>&1 | tee "$out/bench.txt" | grep "^|" ;;
+    bench-report)
+      read -r -a bench_args <<< "${GEMMBN_BENCH_ARGS:---set kernelbench,tiny,sweep --max-minutes 5.5}"
+      timeout $(limit 540) python3 perf/bench.py "${bench_args[@]}" --out "$out/bench.csv" 2>&1 | tee "$out/bench.txt" \
+        | grep "^|"
+      python3 perf/report.py "$out/bench.csv" --readme-table "$out/bench.md" --plot "$out/bench.png" > /dev/null ;;
     bench-short-k)
       # The short_k set without torch.compile (its compilations would take the call's time): train, eval,
       # the plain GEMM and cuBLAS side by side.
