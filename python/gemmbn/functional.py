@@ -142,21 +142,8 @@ def linear_scale_batch_norm(
     )  # fmt: skip
 
 
-def native_first(
-    x: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    scale: Tensor,
-    gamma: Tensor | None,
-    beta: Tensor | None,
-    running_mean: Tensor | None,
-    running_var: Tensor | None,
-    num_batches_tracked: Tensor | None,
-    training: bool,
-    momentum: float | None,
-    eps: float,
-    precision: str | None,
-) -> Tensor:
+def native_first(x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, training,
+                 momentum, eps, precision) -> Tensor:  # fmt: skip
     """linear_scale_batch_norm's result (same arguments, no process group) straight from the native operator, for a
     module's own parameters and buffers: nothing is validated in Python first. The operator checks every fact the
     kernels rely on and refuses before anything the caller holds is written, raising Refused, whereupon the caller
