@@ -1,6 +1,6 @@
 """Host (CPU) time per training forward at a small shape, where the host, not the GPU, sets the pace.
 
-    python perf/host_overhead.py [--size M K N] [--dtype float32|bfloat16] [--calls 2000] [--profile]
+    python perf/host_overhead.py [--size M K N] [--dtype float32|bfloat16] [--calls 2000] [--profile] [--launch]
 
 For gemmbn, eager and torch.compile: wall time of `calls` forwards issued back to back with one
 synchronization at the end, divided by `calls`. While the GPU work per forward is shorter than the
@@ -8,16 +8,23 @@ host's, this is the host cost per forward (the GPU time per forward is printed b
 events around the whole loop, to show which side bounds it). --profile adds gemmbn's cProfile table
 (the operators are not Python functions to cProfile: their time shows in their callers' tottime) and the host
 time of the forward's operator call alone, beside the single-kernel calls (gemmbn.debug) it replaces.
+--launch adds each provider's host time from a call's start to its first kernel launch, every call starting on an
+idle GPU (issue 17's "call to the GEMM's launch"): the median gap between a torch.profiler mark around the call and
+the first CUDA launch API call inside it. The profiler's own cost per recorded op inflates it (eager's ops and
+gemmbn's allocations are recorded), so it is an upper bound.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import cProfile
 import pstats
+import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function
 from gemmbn import _native, debug
 from gemmbn.debug import gemm_workspace
 from models import reference_drop_in_compiled
@@ -77,12 +84,45 @@ def operator_calls(drop_in, x: torch.Tensor, calls: int) -> None:
         print(f"    {label:18s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
 
 
+_CALL_MARK = "host_overhead.call"
+# The CUDA runtime's and driver's launch calls as torch.profiler names them (cudaLaunchKernel, cudaLaunchKernelExC:
+# CUTLASS's, cuLaunchKernelEx: Triton's, and their versioned names).
+LAUNCH_API_PREFIXES = ("cudaLaunchKernel", "cuLaunchKernel")
+
+
+def call_to_first_event_us(fn, calls: int, is_first, activities=(ProfilerActivity.CPU, ProfilerActivity.CUDA)):
+    """Median host us from the start of a call of fn to the start of the first profiler event inside it for which
+    is_first(name) holds, over `calls` calls that each start after a synchronization."""
+    for _ in range(5):
+        fn()
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    synchronize()
+    with profile(activities=list(activities)) as prof:
+        for _ in range(calls):
+            synchronize()
+            with record_function(_CALL_MARK):
+                fn()
+        synchronize()
+    events = prof.events()
+    calls_at = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == _CALL_MARK)
+    firsts = sorted(e.time_range.start for e in events if e.name != _CALL_MARK and is_first(e.name))
+    gaps = []
+    for start, end in calls_at:
+        index = bisect.bisect_left(firsts, start)
+        if index < len(firsts) and firsts[index] <= end:
+            gaps.append(firsts[index] - start)
+    if len(gaps) < calls // 2:
+        raise RuntimeError(f"only {len(gaps)} of {calls} calls had a matching event inside them")
+    return statistics.median(gaps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(128, 1024, 512), metavar=("M", "K", "N"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--launch", action="store_true", help="host us from a call to its first kernel launch")
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
@@ -94,6 +134,12 @@ def main() -> None:
                          ("compile", lambda: compiled(x))):  # fmt: skip
             host, device = per_call_us(fn, args.calls)
             print(f"  {name:8s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
+        if args.launch:
+            print("  from a call's start to its first kernel launch (synchronized calls, torch.profiler: an upper bound)")
+            for name, fn in (("gemmbn", lambda: drop_in(x)), ("eager", lambda: reference(x)),
+                             ("compile", lambda: compiled(x))):  # fmt: skip
+                gap = call_to_first_event_us(fn, 200, lambda event: event.startswith(LAUNCH_API_PREFIXES))
+                print(f"    {name:8s} {gap:7.1f} us")
         if args.profile:
             print_profile(lambda: drop_in(x), args.calls, rows=15)
             torch.cuda.synchronize()

@@ -169,3 +169,27 @@ def test_shape_sets():
     assert shapes.SETS["short_k"] and all(s.K <= 1024 and s in sweep for s in shapes.SETS["short_k"])
     with pytest.raises(ValueError, match="unknown shape set"):
         shapes.resolve("huge")
+
+
+def test_host_overhead_measures_the_gap_before_the_first_event():
+    """host_overhead.py --launch's measure: the time from a call's start to the first matching profiler event
+    inside it. A call that sleeps 2 ms before its matrix product must measure at least that, and well under the
+    call's period (a gap read against the wrong call would be ~0 or a whole period off)."""
+    sys.path.insert(0, str(PERF))  # host_overhead imports perf/models.py
+    try:
+        host_overhead = _load("host_overhead")
+    finally:
+        sys.path.remove(str(PERF))
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    a = torch.randn(32, 32)
+
+    def call():
+        time.sleep(0.002)
+        return torch.mm(a, a)
+
+    gap = host_overhead.call_to_first_event_us(call, 20, lambda name: name == "aten::mm", (ProfilerActivity.CPU,))
+    assert 2000 <= gap < 50000, gap
