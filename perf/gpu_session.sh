@@ -18,7 +18,7 @@
 #   finish-bandwidth  finish_normalize against a device copy
 #   clocks            perf/clocks_under_load.py: ms, SM clock and power of gemmbn's and cuBLAS's GEMMs
 #   breakdown         each launch alone
-#   host              perf/host_overhead.py --profile and perf/anatomy.py at the tiny shape (host-bound)
+#   host              perf/host_overhead.py --profile --launch and perf/anatomy.py at the tiny shape (host-bound)
 #   bench             perf/bench.py at the KernelBench shape, every provider
 #   bench-report      perf/bench.py with GEMMBN_BENCH_ARGS (default: --set kernelbench,tiny,sweep --max-minutes
 #                     5.5), then perf/report.py: bench.csv, bench.txt, bench.md (the README's table), bench.png
@@ -127,7 +127,7 @@ for name in $steps; do
     clocks)
       timeout $(limit 170) python3 perf/clocks_under_load.py 2>&1 | tee "$out/clocks.txt" ;;
     host)
-      timeout $(limit 120) python3 perf/host_overhead.py --profile 2>&1 | tee "$out/host.txt" | head -40
+      timeout $(limit 150) python3 perf/host_overhead.py --profile --launch 2>&1 | tee "$out/host.txt" | head -45
       timeout $(limit 90) python3 perf/anatomy.py --size 128 1024 512 --dtype bfloat16 2>&1 \
         | tee "$out/anatomy_tiny.txt" | tail -25 ;;
     breakdown)
