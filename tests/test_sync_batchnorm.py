@@ -13,6 +13,7 @@ batch).
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -51,23 +52,31 @@ def _step(module, x: torch.Tensor, dout: torch.Tensor) -> dict:
             "state": {k: v.clone() for k, v in module.state_dict().items()}}  # fmt: skip
 
 
+def _leave_rank() -> None:
+    """End a rank's process once its results are saved, without running destructors. Tearing down a gloo process
+    group can deadlock (seen with torch 2.13, in CI): ~ProcessGroupGloo, run with the GIL held (a Python object
+    holding the group is freed), joins the group's worker thread while that thread waits for the GIL to free a
+    finished collective's thread-local state. A barrier first, so that no rank leaves while another still needs
+    it."""
+    dist.barrier()
+    os._exit(0)
+
+
 def _rank_main(rank: int, world: int, store: str, momentum, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    model = gemmbn.convert_sync_batchnorm(_model(momentum))
+    assert isinstance(model, gemmbn.GemmScaleBatchNorm) and model.process_group is not None
+    rows = slice(sum(ROWS[:rank]), sum(ROWS[:rank + 1]))
+    results = [_step(model, *(t[rows] for t in _batches(step))) for step in range(STEPS)]
+    # Eval normalizes with the running statistics: no collective may run (one would raise here).
+    model.eval()
+    real_all_gather, dist.all_gather = dist.all_gather, None
     try:
-        model = gemmbn.convert_sync_batchnorm(_model(momentum))
-        assert isinstance(model, gemmbn.GemmScaleBatchNorm) and model.process_group is not None
-        rows = slice(sum(ROWS[:rank]), sum(ROWS[:rank + 1]))
-        results = [_step(model, *(t[rows] for t in _batches(step))) for step in range(STEPS)]
-        # Eval normalizes with the running statistics: no collective may run (one would raise here).
-        model.eval()
-        real_all_gather, dist.all_gather = dist.all_gather, None
-        try:
-            results.append({"eval_out": model(torch.rand(3, K, dtype=torch.float64))})
-        finally:
-            dist.all_gather = real_all_gather
-        torch.save(results, f"{out_dir}/rank{rank}.pt")
+        results.append({"eval_out": model(torch.rand(3, K, dtype=torch.float64))})
     finally:
-        dist.destroy_process_group()
+        dist.all_gather = real_all_gather
+    torch.save(results, f"{out_dir}/rank{rank}.pt")
+    _leave_rank()
 
 
 def _single_process(momentum) -> list[dict]:
@@ -102,18 +111,16 @@ SGD_STEPS = 5
 def _ddp_rank_main(rank: int, world: int, store: str, out_dir: str) -> None:
     """SGD_STEPS steps of DDP over the converted model; saves the final state."""
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        model = torch.nn.parallel.DistributedDataParallel(gemmbn.convert_sync_batchnorm(_model(0.1)))
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        begin = sum(ROWS[:rank])
-        for step in range(SGD_STEPS):
-            x, dout = _batches(step)
-            optimizer.zero_grad(set_to_none=True)
-            model(x[begin:begin + ROWS[rank]]).backward(dout[begin:begin + ROWS[rank]])
-            optimizer.step()
-        torch.save({k: v.clone() for k, v in model.module.state_dict().items()}, f"{out_dir}/ddp{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    model = torch.nn.parallel.DistributedDataParallel(gemmbn.convert_sync_batchnorm(_model(0.1)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    begin = sum(ROWS[:rank])
+    for step in range(SGD_STEPS):
+        x, dout = _batches(step)
+        optimizer.zero_grad(set_to_none=True)
+        model(x[begin:begin + ROWS[rank]]).backward(dout[begin:begin + ROWS[rank]])
+        optimizer.step()
+    torch.save({k: v.clone() for k, v in model.module.state_dict().items()}, f"{out_dir}/ddp{rank}.pt")
+    _leave_rank()
 
 
 def test_ddp_steps_equal_single_process_training(tmp_path):
