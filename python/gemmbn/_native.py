@@ -14,7 +14,8 @@ import types
 import torch
 from torch import Tensor
 
-_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+from .precision import FUSED_DTYPES
+
 # The operators use LibTorch's stable ABI as of torch 2.10 (CMakeLists.txt: TORCH_TARGET_VERSION).
 OPERATORS_MIN_TORCH = (2, 10)
 OPERATOR_NAMES = ("train_forward", "eval_forward", "linear_scale", "split_weight", "transpose_padded",
@@ -101,6 +102,6 @@ def fused_unavailable_reason(x: Tensor) -> str | None:
     """None when the native path can run on x's device and dtype; else why not (CPU, not built, not sm90)."""
     if not x.is_cuda:
         return f"x is on {x.device.type}; the fused kernels need an sm90 (Hopper) GPU"
-    if x.dtype not in _FUSED_DTYPES:
+    if x.dtype not in FUSED_DTYPES:
         return f"dtype {x.dtype} has no fused kernel (float32, bfloat16 and float16 do)"
     return _environment_reason(x.device.index if x.device.index is not None else 0)

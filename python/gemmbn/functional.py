@@ -151,7 +151,7 @@ def native_first(x, weight, bias, scale, gamma, beta, running_mean, running_var,
     checks, ~7 us a forward on a fast host (perf/host_path.py)."""
     if scale.dim() != 1:
         raise Refused("scale is not a [N] vector")  # linear_scale_batch_norm reshapes it
-    precision = precision_mod.FOLLOW_TORCH if precision is None else precision
+    precision = precision_mod.validate(precision)
     if training or running_mean is None:
         return ops.forward_train(
             x, weight, bias, scale, gamma, beta, running_mean, running_var,

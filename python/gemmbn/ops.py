@@ -74,16 +74,13 @@ def _train_impl(
     reference.check_batch_size(x.shape[0], weight.shape[0])
     if x.shape[0] == 0:
         return _empty_batch_train(x, weight, scale, num_batches_tracked, keep_pre_norm)
-    reason = fused_unavailable_reason(x)
-    if reason is None:
-        try:
-            return fused.train_forward(
-                x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
-                momentum, eps, precision_mod.resolve(x.dtype, precision), keep_pre_norm,
-            )  # fmt: skip
-        except Refused as refusal:
-            reason = str(refusal)
-    warn_once(reason)
+    try:
+        return _train_native(
+            x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked, momentum, eps,
+            precision, keep_pre_norm,
+        )  # fmt: skip
+    except Refused as refusal:
+        warn_once(str(refusal))
     with precision_mod.float32_matmul_precision(precision):
         return reference.linear_scale_batch_norm(
             x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
@@ -129,8 +126,7 @@ def _run_train(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     vectors = _vectors(bias, scale, gamma, beta, running_mean, running_var)
     if x.shape[0] == 0 or plan.static_reason(x, weight, vectors, eps, num_batches_tracked) is not None:
         return linear_scale_bn_train(*args)
-    gemm_kind = precision_mod.resolve(x.dtype, args[11])
-    return fused.train_forward(*args[:11], gemm_kind, args[12])
+    return _train_native(*args)
 
 
 def _vectors(bias, scale, gamma, beta, running_mean=None, running_var=None) -> dict[str, Optional[Tensor]]:
@@ -218,10 +214,10 @@ class _TrainFunction(torch.autograd.Function):
 
 
 def _train_native(*args) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """_train_impl's fused route alone, for arguments nothing has validated (the module's native-first call): the
-    operator's checks are the validation, and Refused (the operator's, or the device's reason, or a batch of fewer
-    than two rows, which nn.BatchNorm1d refuses) propagates, so that the caller validates and takes the usual
-    route. Same arguments as _train_impl."""
+    """The fused route alone, Refused propagating (the operator's refusal, the device's reason, or a batch of fewer
+    than two rows, which nn.BatchNorm1d refuses): _train_impl's first try, the traced route, and the module's
+    native-first call, whose arguments nothing validated before (the operator's checks are the validation; on
+    Refused the caller validates and takes the usual route). Same arguments as _train_impl."""
     x = args[0]
     reason = fused_unavailable_reason(x)
     if reason is not None or x.shape[0] < 2:
@@ -274,14 +270,10 @@ def _eval_impl(
     if x.shape[0] == 0:  # no rows: nothing to compute (and no fallback to warn about)
         return x.new_empty((0, weight.shape[0]), dtype=_output_dtype(x, scale))
     precision = precision_mod.normalize(precision)
-    reason = fused_unavailable_reason(x)
-    if reason is None:
-        gemm_kind = precision_mod.resolve(x.dtype, precision)
-        try:
-            return fused.eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, gemm_kind)
-        except Refused as refusal:
-            reason = str(refusal)
-    warn_once(reason)
+    try:
+        return _eval_native(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision)
+    except Refused as refusal:
+        warn_once(str(refusal))
     with precision_mod.float32_matmul_precision(precision):
         out, _, _, _ = reference.linear_scale_batch_norm(
             x, weight, bias, scale, gamma, beta, running_mean, running_var, None, False, None, eps
@@ -304,12 +296,11 @@ def _run_eval(*args) -> Tensor:
     Either way the route (fused or reference) and a "default" precision are fixed when traced."""
     if not torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return _eval_impl(*args)
-    x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision = args
+    x, weight, bias, scale, gamma, beta, running_mean, running_var, eps = args[:9]
     vectors = _vectors(bias, scale, gamma, beta, running_mean, running_var)
     if x.shape[0] == 0 or plan.static_reason(x, weight, vectors, eps) is not None:
         return linear_scale_bn_eval(*args)
-    gemm_kind = precision_mod.resolve(x.dtype, precision)
-    return fused.eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, gemm_kind)
+    return _eval_native(*args)
 
 
 def _eval_setup_context(ctx, inputs, output):
@@ -353,7 +344,8 @@ class _EvalFunction(torch.autograd.Function):
 
 
 def _eval_native(*args) -> Tensor:
-    """_eval_impl's fused route alone, Refused propagating (as _train_native). Same arguments as _eval_impl."""
+    """The fused eval route alone, Refused propagating (as _train_native, whose callers it shares). Same arguments as
+    _eval_impl."""
     x = args[0]
     reason = fused_unavailable_reason(x)
     if reason is not None or x.shape[0] == 0:

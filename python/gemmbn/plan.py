@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from ._native import fused_unavailable_reason
+from .precision import FUSED_DTYPES
 
-_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT32_LIMIT = 2**31  # the kernels index with 32-bit ints
 _ALIGNMENT = 16  # bytes: TMA tiles and 16-byte vector accesses
 
@@ -25,7 +25,7 @@ def _present(weight: Tensor, vectors: dict[str, Tensor | None]) -> dict[str, Ten
 
 def _size_reason(x: Tensor, weight: Tensor, present: dict[str, Tensor]) -> str | None:
     """None when the dtypes and sizes suit the kernels (``present``: _present's tensors), else why not."""
-    if x.dtype not in _FUSED_DTYPES:
+    if x.dtype not in FUSED_DTYPES:
         return f"dtype {x.dtype} has no fused kernel (float32, bfloat16 and float16 do)"
     for name, tensor in present.items():
         if tensor.dtype != x.dtype:

@@ -27,7 +27,7 @@ SPLIT_FP32 = "split_fp32"  # fused gemm_scale_stats on the split weight: fp32-fa
 TF32 = "tf32"  # fused gemm_scale_stats on float32 data (TF32 tensor cores)
 NATIVE_16BIT = "native_16bit"  # fused gemm_scale_stats on bf16/fp16 data
 
-_FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the dtypes the kernels take
 
 
 def current() -> str:
@@ -65,7 +65,7 @@ def normalize(precision: str | None) -> str:
 
 def resolve(dtype: torch.dtype, precision: str | None) -> str:
     """GEMM kind for ``dtype`` and ``precision``: SPLIT_FP32, TF32 or NATIVE_16BIT (see module table)."""
-    if dtype not in _FUSED_DTYPES:
+    if dtype not in FUSED_DTYPES:
         raise TypeError(f"no fused kernel for {dtype}; the kernels take float32, bfloat16 and float16")
     if dtype != torch.float32:
         validate(precision)
