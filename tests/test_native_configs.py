@@ -34,7 +34,6 @@ def test_every_row_is_a_valid_configuration(dtype, split):
         # CUTLASS's stream-K scheduler takes cooperative kernels only.
         assert row["stream_k"] in (0, 1) and not (row["stream_k"] and row["pingpong"])
         if split:
-            assert row["stream_k"] == 0
             # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only.
             assert (row["tile_m"], row["tile_n"], row["tile_k"], row["pingpong"], row["cluster_n"]) == (128, 128, 32, 0, 1)
             assert row["promote_tiles"] >= 1
@@ -84,12 +83,14 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048 (the
     # 64x128 row below), 16-bit data the 1x2-cluster row for M <= 2048; short K beyond two waves the
     # 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit K <= 1024 up to 8); TF32 under a wave of tiles with
-    # K > 4096 the cooperative stream-K 128x128 row (row 4). split: 128x128 without a cluster.
+    # K > 4096 the cooperative stream-K 128x128 row (row 4). split: 128x128 without a cluster, its stream-K row
+    # (row 1) under a wave of tiles with K > 1024.
     rows = debug.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
     if split:
-        assert layout(rows[0]) == (128, 128, 0, 1, 1)
+        assert layout(rows[0]) == layout(rows[1]) == (128, 128, 0, 1, 1)
+        assert (rows[0]["stream_k"], rows[1]["stream_k"]) == (0, 1)
     else:
         assert layout(rows[0]) == (128, 128, 1, 2, 1)
         assert layout(rows[1]) == ((128, 256, 0, 1, 1) if tf32 else (128, 128, 1, 1, 2))
@@ -129,17 +130,22 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (16384, 4096, 4096): (0, 0),
         (65536, 1024, 1024): (0, 0),
     }
+    # The split GEMM's stream-K row (the others take row 0): under 132 tiles with K > 1024.
+    split_stream_k = {(512, 2048, 512), (512, 2048, 2048), (256, 4096, 4096), (256, 8192, 8192), (4096, 8192, 512), (4096, 4096, 512),
+                      (1024, 8192, 512), (1024, 65536, 1024), (1024, 4096, 1024)}
+    expected_rows[(1024, 65536, 1024)] = expected_rows[(1024, 4096, 1024)] = (2, 3)  # dW = dz^T x, 65536/4096 rows
+    split_row = lambda shape: 1 if shape in split_stream_k else 0  # noqa: E731
     # Without the statistics node (eval, the plain GEMM) the short-K clause for 64x128 tiles is off.
     short_k_shapes = ((4352, 1024, 1024), (16384, 1024, 1024), (4096, 1024, 4096), (4224, 1024, 4096),
                       (16384, 512, 8192), (4096, 512, 8192), (65536, 512, 512), (16896, 512, 2048), (17024, 512, 2048))
     short_k_statistics_only = dict.fromkeys(short_k_shapes, (0, 0))
     for (M, K, N), (tf32_row, half_row) in {**expected_rows, **short_k_statistics_only}.items():
-        expected = 0 if split else tf32_row if tf32 else half_row
+        expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
         assert debug.gemm_selected_config(dtype, M, N, K, split, statistics=False) == expected, (M, K, N)
         plain_row = (rows[expected]["partial_rows"], rows[expected]["tile_n"])
         assert debug.gemm_config(dtype, M, N, K, -1, split, statistics=False) == plain_row, (M, K, N)
     for (M, K, N), (tf32_row, half_row) in expected_rows.items():
-        expected = 0 if split else tf32_row if tf32 else half_row
+        expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
         assert debug.gemm_selected_config(dtype, M, N, K, split) == expected, (M, K, N)
         assert debug.gemm_config(dtype, M, N, K, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])
 

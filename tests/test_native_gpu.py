@@ -17,7 +17,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0)
 
 from _gpu import poison_next_allocation, require_extension  # noqa: E402
 
-from gemmbn import debug  # noqa: E402
+from gemmbn import debug, fused  # noqa: E402
 from gemmbn._native import operators  # noqa: E402
 
 require_extension()
@@ -490,6 +490,52 @@ def test_split_weight_matches_its_definition():
     inverse = torch.tensor([_slice_column(p) + 16 * (p // 16) for p in range(32)], device="cuda").argsort()
     rebuilt = ((parts[:, :, 0] + parts[:, :, 1])[..., inverse]).reshape(N, -1)[:, :K] * weight_unscale[:, None]
     assert ((rebuilt.double() - w.double()).abs() <= 2**-21 * w.abs().amax(1, keepdim=True).double()).all()
+
+
+@pytest.mark.parametrize("R,C", [(1001, 264), (3, 4), (4100, 132), (65, 4096)], ids=lambda v: str(v))
+def test_split_columns_is_split_weight_of_the_transpose(R, C):
+    """The backward's B operand split straight from t [R, C]: bitwise split_weight(t^T) (its definition, and the
+    operator on the transposed copy), columns of wildly different magnitudes and a zero column, the outputs written
+    over poison, R not a multiple of the 32-row k-tile nor C of the 64-column tile."""
+    g = torch.Generator(device="cuda").manual_seed(R + C)
+    magnitude = 10.0 ** torch.randint(-35, 36, (1, C), device="cuda", generator=g).float()
+    t = torch.randn(R, C, device="cuda", generator=g) * magnitude
+    t[:, C // 2] = 0
+    poison_next_allocation((C, debug.split_weight_columns(R)), torch.float16)
+    split, unscale = operators().split_columns(t)
+    expected_split, expected_unscale = _split_weight_reference(t.t().contiguous())
+    via_transpose = operators().split_weight(operators().transpose_padded(t))
+    torch.cuda.synchronize()
+    assert torch.equal(split.view(torch.int16), expected_split.view(torch.int16))
+    assert torch.equal(unscale, expected_unscale)
+    assert torch.equal(split.view(torch.int16), via_transpose[0].view(torch.int16))
+    assert torch.equal(unscale, via_transpose[1])
+
+
+# (M, K, N) of a @ b: a ragged K (the transposed copy's zero padding past b's rows), and few output tiles over a long
+# K, which select_config sends to the stream-K row (the backward's dW = dz^T x).
+@pytest.mark.parametrize("M,K,N", [(1001, 260, 264), (264, 1001, 260), (512, 32768, 256)])
+def test_split_matmul_is_as_accurate_as_sgemm(M, K, N):
+    """a @ b by split_matmul (b split from its rows) within 2x cuBLAS SGEMM's error against float64, per row, on
+    inputs of mixed magnitudes (each row of a and column of b its own)."""
+    g = torch.Generator(device="cuda").manual_seed(M + K)
+    a_rows = 10.0 ** torch.empty(M, 1, device="cuda").uniform_(-3, 3, generator=g)
+    a = torch.randn(M, K, device="cuda", generator=g) * a_rows
+    b = torch.randn(K, N, device="cuda", generator=g) * 10.0 ** torch.empty(1, N, device="cuda").uniform_(-3, 3, generator=g)
+    a_padded = operators().transpose_padded(a.t().contiguous())  # [M, K'], K' = K rounded up to 4, zeros past K
+    poison_next_allocation((M, N))
+    product = fused.split_matmul(a_padded, b)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        sgemm = a @ b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+    exact = a.double() @ b.double()
+    assert torch.isfinite(product).all()
+    ours, cublas = _row_relative_error(product, exact), _row_relative_error(sgemm, exact)
+    assert ours <= 2 * cublas, f"split {ours:.2e} vs SGEMM {cublas:.2e}"
+    assert torch.equal(product, fused.split_matmul(a_padded, b)), "the same bits on every run (fixed-order sums)"
 
 
 def _hard_inputs(kind, M, K, g):

@@ -53,6 +53,10 @@ def test_cpu_tensors_are_refused_by_name_and_nothing_moves():
                                    torch.randn(M, K), torch.randn(N, K), None, True, 31)  # fmt: skip
     with pytest.raises(RuntimeError, match="gemmbn: weight must be a CUDA tensor"):
         _op("split_weight")(torch.randn(N, K))
+    with pytest.raises(RuntimeError, match="gemmbn: t must be a CUDA tensor"):
+        _op("split_columns")(torch.randn(K, N))
+    with pytest.raises(RuntimeError, match="gemmbn: a must be a CUDA tensor"):
+        _op("split_matmul")(torch.randn(M, K), torch.randn(N, 256).half(), torch.randn(N))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -77,6 +81,9 @@ def test_fakes_give_the_output_shapes(dtype):
         # K = 100 -> 4 slices of 32 columns, each as an fp16 hi and lo half (api.h's split_weight_columns).
         assert (weight_split.shape, weight_split.dtype, weight_unscale.shape) == ((N, 256), torch.float16, (N,))
         assert _op("transpose_padded")(torch.randn(M + 1, K)).shape == (K, M + 4)
+        split, unscale = _op("split_columns")(torch.randn(K, N))  # the split of the [N, K] transpose
+        assert (split.shape, split.dtype, unscale.shape) == ((N, 256), torch.float16, (N,))
+        assert _op("split_matmul")(torch.randn(M, K), split, unscale).shape == (M, N)
 
 
 def test_torch_older_than_2_10_is_refused_with_the_reason(monkeypatch):

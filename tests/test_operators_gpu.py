@@ -67,6 +67,8 @@ def test_opcheck_the_split_gemm_and_its_helpers():
     torch.library.opcheck(_op("eval_forward"), (*args[:8], 1e-5, *args[11:13]), test_utils=UTILS)
     torch.library.opcheck(_op("linear_scale"), (x, weight, bias, None, *args[11:13]), test_utils=UTILS)
     torch.library.opcheck(_op("split_weight"), (weight,), test_utils=UTILS)
+    torch.library.opcheck(_op("split_columns"), (x,), test_utils=UTILS)
+    torch.library.opcheck(_op("split_matmul"), (weight, *_op("split_columns")(x[:K].contiguous())), test_utils=UTILS)
     torch.library.opcheck(_op("transpose_padded"), (x[:, :K - 1].contiguous(),), test_utils=UTILS)
 
 

@@ -32,13 +32,14 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // 128x128 rows, except at short M, where the 2x1 cluster's tile order falls off a cliff: there TF32
 // takes the cooperative 128x256 row (above M = 512; at fewer rows the 64x128 row) and 16-bit data the
 // 1x2-cluster row.
+// The split GEMM has one tile shape: fewer tiles than a wave with K past kShortK take its stream-K row.
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
-  if (operands == GemmOperands::f32_split) return 0;
   constexpr int kWave = 132, kShortK = 1024, kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
-  constexpr int kTf32StreamK = 4, kLongK = 4096, kShorterK = 512;
+  constexpr int kTf32StreamK = 4, kLongK = 4096, kShorterK = 512, kSplitStreamK = 1;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
+  if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
   if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
   if (tf32 && tiles > 64 && tiles < kWave && K > kLongK) return kTf32StreamK;
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;

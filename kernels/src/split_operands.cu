@@ -1,5 +1,5 @@
-// The split GEMM's operands: W's scaled fp16 pairs (once per weight version, python/gemmbn/weight_cache.py)
-// and x's per-row scales (every call, from gemm_scale_stats).
+// The split GEMM's operands: W's scaled fp16 pairs (once per weight version, python/gemmbn/weight_cache.py),
+// x's per-row scales (every call, from gemm_scale_stats) and the backward's pairs of a transposed operand.
 #include <cuda_fp16.h>
 
 #include "gemmbn/api.h"
@@ -96,6 +96,74 @@ __global__ void __launch_bounds__(kThreads) row_scales_kernel(RowScalesArgs a) {
   if (lane == 0) a.x_scale[m] = scale;
 }
 
+// Pass 1 of split_columns: bits[c] = max over this block's rows of |t[r, c]| (max of bits: non-negative floats order
+// as their bits; fmaxf drops NaN, as split_weight's block_max does). Block: 32 float4 column groups x 8 row phases.
+constexpr int kMaxColumns = 128, kMaxRowsPerBlock = 128, kMaxPhases = kThreads / 32;
+__global__ void __launch_bounds__(kThreads) column_max_kernel(SplitColumnsArgs a) {
+  __shared__ float partial[kMaxPhases][kMaxColumns];
+  const int c = blockIdx.y * kMaxColumns + 4 * threadIdx.x;
+  const int64_t r0 = int64_t(blockIdx.x) * kMaxRowsPerBlock;
+  float4 m = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (c < a.C) {
+#pragma unroll 4
+    for (int i = threadIdx.y; i < kMaxRowsPerBlock; i += kMaxPhases) {
+      if (r0 + i >= a.R) break;
+      const float4 v = *reinterpret_cast<const float4*>(a.t + (r0 + i) * a.C + c);
+      m = make_float4(fmaxf(m.x, fabsf(v.x)), fmaxf(m.y, fabsf(v.y)), fmaxf(m.z, fabsf(v.z)), fmaxf(m.w, fabsf(v.w)));
+    }
+  }
+  *reinterpret_cast<float4*>(&partial[threadIdx.y][4 * threadIdx.x]) = m;
+  __syncthreads();
+  const int column = threadIdx.y * 32 + threadIdx.x;  // this thread's column of the block for the merge
+  if (column >= kMaxColumns || blockIdx.y * kMaxColumns + column >= a.C) return;
+  float v = partial[0][column];
+  for (int p = 1; p < kMaxPhases; ++p) v = fmaxf(v, partial[p][column]);
+  atomicMax(a.column_max_bits + blockIdx.y * kMaxColumns + column, __float_as_uint(v));
+}
+
+// Pass 2: a 32-row (one k-tile of the split) x 64-column tile of t, through shared memory, written as the k-tile of
+// 64 rows of split_weight's output: word w < 16 of a row's k-tile holds hi of its k-positions k0, k0 + 1 and word
+// 16 + w their lo, k0 = 4 (4 (w / 8) + w % 4) + 2 ((w / 4) % 2) (the inverse of split_weight_kernel's order).
+constexpr int kSplitTileColumns = 64;
+__global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArgs a) {
+  __shared__ float tile[split::kTileK][kSplitTileColumns + 1];  // +1: a warp's reads hit 32 banks
+  const int64_t r0 = int64_t(blockIdx.x) * split::kTileK;
+  const int c0 = blockIdx.y * kSplitTileColumns;
+  const int col = threadIdx.x % kSplitTileColumns;
+#pragma unroll
+  for (int i = threadIdx.x / kSplitTileColumns; i < split::kTileK; i += kThreads / kSplitTileColumns) {
+    const bool inside = r0 + i < a.R && c0 + col < a.C;
+    tile[i][col] = inside ? a.t[(r0 + i) * a.C + c0 + col] : 0.f;
+  }
+  __syncthreads();
+  const int64_t words_per_row = split::split_columns(a.R) / 2;
+  uint32_t* out = static_cast<uint32_t*>(a.split);
+  constexpr int kWords = split::kTileK / 2;  // hi words per row and k-tile
+#pragma unroll
+  for (int job = threadIdx.x; job < kSplitTileColumns * kWords; job += kThreads) {
+    const int j = job / kWords, w = job % kWords;
+    if (c0 + j >= a.C) continue;
+    float scale, unscale;
+    split::pow2_scale(__uint_as_float(a.column_max_bits[c0 + j]), scale, unscale);
+    if (blockIdx.x == 0 && w == 0) a.unscale[c0 + j] = unscale;
+    const int k0 = 4 * (4 * (w / 8) + w % 4) + 2 * ((w / 4) % 2);
+    uint32_t* row = out + (c0 + j) * words_per_row + blockIdx.x * split::kTileK;
+    split::split_pair(tile[k0][j] * scale, tile[k0 + 1][j] * scale, row[w], row[kWords + w]);
+  }
+}
+
+// k0 of split_columns_kernel's word w inverts split_weight_kernel's placement of columns 4 i + 2 p (+1).
+constexpr bool split_columns_follows_split_weight() {
+  for (int i = 0; i < kVectorsPerTile; ++i) {
+    for (int p = 0; p < 2; ++p) {
+      const int w = (i / 4) * split::kSliceK / 2 + i % 4 + 4 * p;  // split_weight_kernel's hi_at within the tile
+      if (4 * (4 * (w / 8) + w % 4) + 2 * ((w / 4) % 2) != 4 * i + 2 * p) return false;
+    }
+  }
+  return true;
+}
+static_assert(split_columns_follows_split_weight(), "split_columns and split_weight order a k-tile differently");
+
 }  // namespace
 
 int64_t split_weight_columns(int K) { return split::split_columns(K); }
@@ -109,6 +177,22 @@ Status row_scales(const RowScalesArgs& a, cudaStream_t stream) {
   const int64_t rows = split::row_scale_count(a.M);
   row_scales_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(a);
   return Status::from_cuda(cudaGetLastError(), "launching row_scales");
+}
+
+Status split_columns(const SplitColumnsArgs& a, cudaStream_t stream) {
+  if (a.R < 1 || a.C < 1) return Status::invalid("R and C must be positive");
+  if (a.C % 4 != 0) return Status::invalid("C must be a multiple of 4 (16-byte rows of float32)");
+  if (!a.t || !a.column_max_bits || !a.split || !a.unscale) return Status::invalid("t, column_max_bits, split and unscale are required");
+  if (!is_aligned16(a.t) || !is_aligned16(a.split)) return Status::invalid("t and split must start on a 16-byte boundary");
+  if (cudaError_t e = cudaMemsetAsync(a.column_max_bits, 0, sizeof(unsigned) * a.C, stream); e != cudaSuccess) {
+    return Status::from_cuda(e, "zeroing split_columns's column maxima");
+  }
+  const dim3 max_grid((a.R + kMaxRowsPerBlock - 1) / kMaxRowsPerBlock, (a.C + kMaxColumns - 1) / kMaxColumns);
+  column_max_kernel<<<max_grid, dim3(32, kMaxPhases), 0, stream>>>(a);
+  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return Status::from_cuda(e, "launching column_max");
+  const dim3 split_grid((a.R + split::kTileK - 1) / split::kTileK, (a.C + kSplitTileColumns - 1) / kSplitTileColumns);
+  split_columns_kernel<<<split_grid, kThreads, 0, stream>>>(a);
+  return Status::from_cuda(cudaGetLastError(), "launching split_columns");
 }
 
 Status split_weight(const SplitWeightArgs& a, cudaStream_t stream) {

@@ -156,6 +156,55 @@ std::tuple<Tensor, Tensor> split_weight(Tensor weight) {
   return {weight_split, weight_unscale};
 }
 
+// (split, unscale): split_weight of t^T for t [R, C] float32, without transposing t (api.h: split_columns): the split
+// GEMM's B operand where the reduction runs down t's columns (the backward's x and W).
+std::tuple<Tensor, Tensor> split_columns(Tensor t) {
+  const Problem p = problem_of(t, "t");
+  torch::stable::accelerator::DeviceGuard guard(p.device);
+  gemmbn::SplitColumnsArgs a;
+  a.R = checked_int(t.size(0), "R");
+  a.C = checked_int(t.size(1), "C");
+  t = readable(t, "t", p, ScalarType::Float, {a.R, a.C});
+  Tensor split = empty(t, {a.C, gemmbn::split_weight_columns(a.R)}, ScalarType::Half);
+  Tensor unscale = empty(t, {a.C}, ScalarType::Float);
+  Tensor column_max = empty(t, {a.C}, ScalarType::Float);  // C 32-bit words of scratch (the maxima's bits)
+  a.t = static_cast<const float*>(t.data_ptr());
+  a.column_max_bits = static_cast<unsigned*>(column_max.data_ptr());
+  a.split = split.data_ptr();
+  a.unscale = static_cast<float*>(unscale.data_ptr());
+  raise_on_error(gemmbn::split_columns(a, current_stream(p.device)));
+  return {split, unscale};
+}
+
+// a @ b on the fp32-faithful GEMM for a [M, K] float32 and b [K, N] given by its split (split_columns(b), or
+// split_weight(b^T)): the backward's gradient GEMMs, which never read b itself.
+Tensor split_matmul(Tensor a, Tensor b_split, Tensor b_unscale) {
+  const Problem p = problem_of(a, "a");
+  torch::stable::accelerator::DeviceGuard guard(p.device);
+  if (p.dtype != ScalarType::Float) fail(std::string("a must be float32 (the fp32-faithful GEMM), got ") + dtype_name(p.dtype));
+  gemmbn::GemmScaleStatsArgs g;
+  g.dtype = p.kernel_dtype;
+  g.M = checked_int(a.size(0), "M");
+  g.K = checked_int(a.size(1), "K");
+  if (b_unscale.dim() != 1) fail("b_unscale must be 1-D, got shape " + shape_string(b_unscale));
+  g.N = checked_int(b_unscale.size(0), "N");
+  a = readable(a, "a", p, ScalarType::Float, {g.M, g.K});
+  check(b_split, "b_split", p, ScalarType::Half, {g.N, gemmbn::split_weight_columns(g.K)});
+  check(b_unscale, "b_unscale", p, ScalarType::Float, {g.N});
+  g.x = a.data_ptr();
+  g.weight_split = b_split.data_ptr();
+  g.weight_unscale = static_cast<const float*>(b_unscale.data_ptr());
+  Scratch scratch;
+  const std::optional<size_t> x_scale_at = scratch.add(sizeof(float) * gemmbn::row_scale_count(g.M));
+  Tensor out = empty(a, {int64_t(g.M), int64_t(g.N)}, ScalarType::Float);
+  g.y = out.data_ptr();
+  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
+  scratch.allocate(a);
+  bind_scratch(g, scratch, x_scale_at, workspace_at);
+  raise_on_error(gemmbn::gemm_scale_stats(g, current_stream(p.device)));
+  return out;
+}
+
 // out[c, r] = input[r, c], zero for r >= R: float32 [R, C] -> [C, R'], R' = R rounded up to a multiple of 4
 // (the split GEMM's operand where the reduction runs down input's columns).
 Tensor transpose_padded(Tensor input) {
@@ -237,6 +286,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
   m.def("linear_scale(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? weight_split, "
         "Tensor? weight_unscale) -> Tensor");
   m.def("split_weight(Tensor weight) -> (Tensor, Tensor)");
+  m.def("split_columns(Tensor t) -> (Tensor, Tensor)");
+  m.def("split_matmul(Tensor a, Tensor b_split, Tensor b_unscale) -> Tensor");
   m.def("transpose_padded(Tensor input) -> Tensor");
   m.def("batch_norm_backward(Tensor dout, Tensor? y, Tensor mean, Tensor invstd, Tensor? gamma, Tensor scale, "
         "Tensor x, Tensor weight, Tensor? bias, bool batch_statistics, int outputs) "
@@ -250,6 +301,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
   m.impl("eval_forward", TORCH_BOX(&eval_forward));                   \
   m.impl("linear_scale", TORCH_BOX(&linear_scale));                   \
   m.impl("split_weight", TORCH_BOX(&split_weight));                   \
+  m.impl("split_columns", TORCH_BOX(&split_columns));                 \
+  m.impl("split_matmul", TORCH_BOX(&split_matmul));                   \
   m.impl("transpose_padded", TORCH_BOX(&transpose_padded));           \
   m.impl("batch_norm_backward", TORCH_BOX(&batch_norm_backward))
 

@@ -66,8 +66,8 @@ def _normalization_grads_reference(
 
 def _reduction_rows(t: Tensor) -> Tensor:
     """t [R, C] as gemmbn's GEMMs read an operand whose reduction runs along C: float32 rows, C a multiple of 4
-    (zero columns added). A transposed view (dz^T, x^T, W^T) goes through the tiled transpose; the operators copy
-    any other layout into theirs."""
+    (zero columns added). A transposed view (dz^T; x^T and W^T for the TF32 GEMM) goes through the tiled
+    transpose; the operators copy any other layout into theirs."""
     if t.is_contiguous() and t.shape[1] % 4 == 0:
         return t
     return fused.transpose_padded(t.t())
@@ -87,11 +87,12 @@ OWN_TF32_MIN_OUTPUT = 1 << 24
 
 def _matmul(route: str, a: Tensor, b: Tensor) -> Tensor:
     """a @ b on the fused route's GEMM: gemmbn's own (the fp32-faithful split GEMM for "highest", the TF32 one for
-    large outputs), with both operands' reduction along rows; else cuBLAS (16-bit with float32 accumulation, or
-    TF32)."""
-    own_tf32 = route == precision_mod.TF32 and a.shape[0] * b.shape[1] >= OWN_TF32_MIN_OUTPUT
-    if route == precision_mod.SPLIT_FP32 or own_tf32:
-        return fused.matmul(_reduction_rows(a), _reduction_rows(b.t()), route)
+    large outputs), a read with its reduction along rows (b too for TF32; the split GEMM splits b from its own
+    rows); else cuBLAS (16-bit with float32 accumulation, or TF32)."""
+    if route == precision_mod.SPLIT_FP32:  # b split from its rows: no transposed copy (perf/NOTES.md, v16)
+        return fused.split_matmul(_reduction_rows(a), b)
+    if route == precision_mod.TF32 and a.shape[0] * b.shape[1] >= OWN_TF32_MIN_OUTPUT:
+        return fused.matmul(_reduction_rows(a), _reduction_rows(b.t()))
     with _torch_gemm_precision(route):
         return a @ b
 

@@ -109,12 +109,18 @@ def batch_norm_backward(
     return tuple(grad if need else None for grad, need in zip(grads, outputs))
 
 
-def matmul(a: Tensor, b_rows: Tensor, gemm_kind: str) -> Tensor:
-    """a @ b_rows^T in float32 on gemmbn's GEMM (no epilogue): a [M, K], b_rows [N, K], float32, K and N multiples
-    of 4; the fp32-faithful split GEMM or TF32. For the split GEMM b_rows is split on every call (the
-    backward's operands change every step; the weight cache would keep each one alive)."""
-    split = weight_cache.split_now(b_rows) if gemm_kind == precision_mod.SPLIT_FP32 else (None, None)
-    return _call(operator("linear_scale"), a, b_rows, None, None, *split)
+def matmul(a: Tensor, b_rows: Tensor) -> Tensor:
+    """a @ b_rows^T in float32 on gemmbn's TF32 GEMM (no epilogue): a [M, K], b_rows [N, K], K and N multiples
+    of 4."""
+    return _call(operator("linear_scale"), a, b_rows, None, None, None, None)
+
+
+def split_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b in float32 on the fp32-faithful split GEMM: a [M, K] with K a multiple of 4, b [K', N] (K' <= K: the
+    rows past K' are zero, as transpose_padded pads a), N a multiple of 4. b is split on every call (the
+    backward's operands change every step; the weight cache would keep each one alive), straight from b's rows
+    (split_columns) without a transposed copy."""
+    return _call(operator("split_matmul"), a, *_call(operator("split_columns"), b))
 
 
 def transpose_padded(t: Tensor) -> Tensor:

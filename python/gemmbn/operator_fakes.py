@@ -35,6 +35,14 @@ def _split_weight(weight: Tensor):
     return weight.new_empty((N, columns), dtype=torch.float16), weight.new_empty(N, dtype=torch.float32)
 
 
+def _split_columns(t: Tensor):
+    return _split_weight(t.t())  # the split of t^T
+
+
+def _split_matmul(a: Tensor, b_split: Tensor, b_unscale: Tensor):
+    return a.new_empty((a.shape[0], b_unscale.shape[0]))
+
+
 def _transpose_padded(input: Tensor):
     R, C = input.shape
     return input.new_empty((C, -(-R // 4) * 4))
@@ -51,6 +59,8 @@ _FAKES = {
     "eval_forward": _eval_forward,
     "linear_scale": _linear_scale,
     "split_weight": _split_weight,
+    "split_columns": _split_columns,
+    "split_matmul": _split_matmul,
     "transpose_padded": _transpose_padded,
     "batch_norm_backward": _batch_norm_backward,
 }

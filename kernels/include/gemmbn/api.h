@@ -113,6 +113,19 @@ struct SplitWeightArgs {
 int64_t split_weight_columns(int K);
 Status split_weight(const SplitWeightArgs& args, cudaStream_t stream);
 
+// split_weight of t^T straight from t [R, C] fp32 (the backward's B operands x and W, whose reduction runs down
+// their columns), without the transposed copy: bitwise split_weight(transpose_padded(t)), with N = C, K = R.
+//   pass 1: column_max_bits[c] = bits of max_r |t[r, c]| (atomicMax on non-negative floats' bits: order-free,
+//           deterministic);  pass 2: 32 x 64 tiles of t, split by column.
+struct SplitColumnsArgs {
+  const float* t = nullptr;  // [R, C] row-major
+  int R = 0, C = 0;
+  unsigned* column_max_bits = nullptr;  // [C] scratch (zeroed here, on the stream)
+  void* split = nullptr;               // [C, split_weight_columns(R)] fp16
+  float* unscale = nullptr;             // [C]
+};
+Status split_columns(const SplitColumnsArgs& args, cudaStream_t stream);
+
 // x [M, K] fp32 -> x_scale[m] = 2^a[m], the power of two putting max_k |x[m, k]| in [2^14, 2^15), the
 // split GEMM's per-row scale of x; padded to row_scale_count(M) entries (whole 128-row tiles; 1 there).
 struct RowScalesArgs {

@@ -66,9 +66,11 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128
 // registers per thread), k-tiles of split::kTileK = 32 columns, cooperative only (its mainloop is
 // written for it); promotion every 4 k-tiles, raster along M with swizzle 4 (perf/NOTES.md, "The
-// configuration tables' evidence").
+// configuration tables' evidence"). Row 1 spreads fewer tiles than SMs over every SM along K: the
+// backward's dW = dz^T x has N x K outputs and M-long reductions (perf/NOTES.md, v16).
 inline constexpr TileConfig kSplitConfigs[] = {
-    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},  // 0: promotion every 128 columns
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},     // 0: promotion every 128 columns
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 1},  // 1: row 0, stream-K
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);
