@@ -119,7 +119,7 @@ for name in $steps; do
                   "16384 8192 512" "16384 512 8192" "4096 512 8192" "65536 1024 1024"; do
         (( $(limit 20) < 20 )) && break
         timeout $(limit 60) python3 perf/tune_gemm.py --size $size --dtypes float32,bfloat16 --rasters 0 \
-          --swizzles 8 --splits=-1,2,4 --iters 15 --out "$out/tune_sk_${size// /x}.csv" 2>&1 \
+          --swizzles 8 --splits=1,2,4 --iters 15 --out "$out/tune_sk_${size// /x}.csv" 2>&1 \
           | tee -a "$out/tune_stream_k.txt" | awk '/:/{c=0} {c++; if (c<=6) print}'
       done ;;
     finish-bandwidth)

@@ -1,7 +1,7 @@
 """Tuning sweep of the fused GEMM: every row of the configuration tables x tile orders, one process.
 
     python perf/tune_gemm.py [--size M K N] [--dtypes float32,bfloat16,float16,split] [--rasters 0,1,2]
-                             [--swizzles 1,2,4,8] [--splits -1,2,4] [--iters 20] [--out CSV]
+                             [--swizzles 1,2,4,8] [--splits 1,2,4] [--iters 20] [--out CSV]
 
 For each (operand type, row of kernels/include/gemmbn/configs.h, raster, swizzle): the median time of
 one gemm_scale_stats launch with the statistics epilogue (what a training forward runs), L2 flushed
@@ -9,7 +9,8 @@ before every call as perf/bench.py does, next to cuBLAS `mm` and `addmm` in the 
 (float32: TF32; split, the fp32-faithful GEMM on float32 data: IEEE SGEMM). All candidates
 of a dtype are timed interleaved (round i times each once), so clock drift under load is shared. raster: 0 CUTLASS
 heuristic, 1 along M, 2 along N; swizzle: the persistent scheduler's max swizzle size; splits (stream-K
-rows only): -1 CUTLASS's data-parallel waves plus stream-K remainder, n > 1 plain split-K. The fastest
+rows only): 1 CUTLASS's data-parallel waves plus stream-K remainder, n > 1 plain split-K (a call that names no
+split gets select_splits's choice, configs.h). The fastest
 line per dtype is the candidate for select_config (kernels/src/gemm_dispatch.cpp) at this shape.
 """
 
@@ -94,7 +95,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16,float16,split")
     parser.add_argument("--rasters", default="0,1,2")
     parser.add_argument("--swizzles", default="1,2,4,8")
-    parser.add_argument("--splits", default="-1", help="stream-K rows: -1 (stream-K) and/or split-K factors")
+    parser.add_argument("--splits", default="1", help="stream-K rows: 1 (stream-K) and/or split-K factors")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", help="CSV of every line")
     args = parser.parse_args()

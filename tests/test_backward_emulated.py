@@ -18,6 +18,7 @@ def test_batch_norm_backward_on_the_cpu(tmp_path):
 
 
 def test_transpose_padded_on_the_cpu(tmp_path):
-    """The split GEMM's transposed operands: every element equal, the padding zeros (the file has the cases)."""
+    """The split GEMM's transposed operands: every element equal, the padding zeros, the rows' and columns' maxima
+    (the file has the cases)."""
     sources = {"transpose_padded_source.cpp": kernels_only(KERNELS / "transpose_padded.cu")}
     build_and_run(tmp_path, "transpose_padded_emulated.cpp", sources, expected_cases=4)

@@ -328,8 +328,15 @@ def test_transpose_padded_is_exact(shape):
     """The split GEMM's transposed operands (fp32 "highest" backward): every element moved as is, the padding
     columns zero, written over NaN poison."""
     R, C = shape
-    t = torch.randn(R, C, device=DEVICE)
+    t = torch.randn(R, C, device=DEVICE) * 10.0 ** torch.randint(-30, 31, (R, 1), device=DEVICE)
     poison_next_allocation((C, -(-R // 4) * 4))
     out = fused.transpose_padded(t)
     assert torch.equal(out[:, :R], t.t())
     assert torch.equal(out[:, R:], torch.zeros_like(out[:, R:]))
+    # With the maxima (the split GEMM's row scales of t and of the transpose): the same transpose, and each row's
+    # and column's largest magnitude bit for bit.
+    poison_next_allocation((C, -(-R // 4) * 4))
+    again, row_max, column_max = fused.transpose_with_maxima(t)
+    assert torch.equal(again, out)
+    assert torch.equal(row_max.view(torch.float32), t.abs().amax(1))
+    assert torch.equal(column_max.view(torch.float32), t.abs().amax(0))

@@ -150,10 +150,12 @@ STREAM_K_ROWS = [(name, row) for name, row in CONFIG_ROWS
 
 
 @pytest.mark.parametrize("name,row", STREAM_K_ROWS)
-@pytest.mark.parametrize("M,K,N,splits", [(1000, 512, 264, 3), (300, 4096, 1032, 4), (4000, 2048, 4096, -1)])
+@pytest.mark.parametrize("M,K,N,splits", [(1000, 512, 264, 3), (300, 4096, 1032, 4), (4000, 2048, 4096, -1),
+                                          (300, 4096, 1032, 1)])
 def test_stream_k_rows_sum_their_splits(name, row, M, K, N, splits):
-    # Split-K (splits > 1) and the heuristic's data-parallel waves plus stream-K remainder (-1): every
-    # tile's partial accumulators from several CTAs, summed before the epilogue runs once per tile.
+    # Split-K (splits > 1) and, through the rule (-1: select_splits picks 1 for these 1024 tiles), the heuristic's
+    # data-parallel waves plus stream-K remainder: every tile's partial accumulators from several CTAs, summed
+    # before the epilogue runs once per tile.
     problem = _problem(M, K, N, _dtype(name), seed=row + M)
     _check_gemm_and_partials(*problem, name, config=row, splits=splits)
     first = _gemm(*problem, name, config=row, splits=splits)
@@ -504,7 +506,7 @@ def test_split_columns_is_split_weight_of_the_transpose(R, C):
     poison_next_allocation((C, debug.split_weight_columns(R)), torch.float16)
     split, unscale = operators().split_columns(t)
     expected_split, expected_unscale = _split_weight_reference(t.t().contiguous())
-    via_transpose = operators().split_weight(operators().transpose_padded(t))
+    via_transpose = operators().split_weight(fused.transpose_padded(t))
     torch.cuda.synchronize()
     assert torch.equal(split.view(torch.int16), expected_split.view(torch.int16))
     assert torch.equal(unscale, expected_unscale)
@@ -522,7 +524,7 @@ def test_split_matmul_is_as_accurate_as_sgemm(M, K, N):
     a_rows = 10.0 ** torch.empty(M, 1, device="cuda").uniform_(-3, 3, generator=g)
     a = torch.randn(M, K, device="cuda", generator=g) * a_rows
     b = torch.randn(K, N, device="cuda", generator=g) * 10.0 ** torch.empty(1, N, device="cuda").uniform_(-3, 3, generator=g)
-    a_padded = operators().transpose_padded(a.t().contiguous())  # [M, K'], K' = K rounded up to 4, zeros past K
+    a_padded = fused.transpose_padded(a.t().contiguous())  # [M, K'], K' = K rounded up to 4, zeros past K
     poison_next_allocation((M, N))
     product = fused.split_matmul(a_padded, b)
     previous = torch.backends.cuda.matmul.allow_tf32
@@ -536,6 +538,9 @@ def test_split_matmul_is_as_accurate_as_sgemm(M, K, N):
     ours, cublas = _row_relative_error(product, exact), _row_relative_error(sgemm, exact)
     assert ours <= 2 * cublas, f"split {ours:.2e} vs SGEMM {cublas:.2e}"
     assert torch.equal(product, fused.split_matmul(a_padded, b)), "the same bits on every run (fixed-order sums)"
+    # a's row scales from maxima given (the transpose's) instead of the GEMM's own pass: the same scales, bits.
+    _, row_max, _ = fused.transpose_with_maxima(a_padded)
+    assert torch.equal(fused.split_matmul(a_padded, b, row_max), product)
 
 
 def _hard_inputs(kind, M, K, g):

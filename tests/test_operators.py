@@ -80,7 +80,10 @@ def test_fakes_give_the_output_shapes(dtype):
         weight_split, weight_unscale = _op("split_weight")(torch.randn(N, K))
         # K = 100 -> 4 slices of 32 columns, each as an fp16 hi and lo half (api.h's split_weight_columns).
         assert (weight_split.shape, weight_split.dtype, weight_unscale.shape) == ((N, 256), torch.float16, (N,))
-        assert _op("transpose_padded")(torch.randn(M + 1, K)).shape == (K, M + 4)
+        transposed, row_max, column_max = _op("transpose_padded")(torch.randn(M + 1, K))
+        assert (transposed.shape, row_max.shape, column_max.shape) == ((K, M + 4), (0,), (0,))
+        _, row_max, column_max = _op("transpose_padded")(torch.randn(M + 1, K), True)
+        assert (row_max.shape, row_max.dtype, column_max.shape) == ((M + 1,), torch.int32, (K,))
         split, unscale = _op("split_columns")(torch.randn(K, N))  # the split of the [N, K] transpose
         assert (split.shape, split.dtype, unscale.shape) == ((N, 256), torch.float16, (N,))
         assert _op("split_matmul")(torch.randn(M, K), split, unscale).shape == (M, N)

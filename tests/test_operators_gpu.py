@@ -68,8 +68,12 @@ def test_opcheck_the_split_gemm_and_its_helpers():
     torch.library.opcheck(_op("linear_scale"), (x, weight, bias, None, *args[11:13]), test_utils=UTILS)
     torch.library.opcheck(_op("split_weight"), (weight,), test_utils=UTILS)
     torch.library.opcheck(_op("split_columns"), (x,), test_utils=UTILS)
-    torch.library.opcheck(_op("split_matmul"), (weight, *_op("split_columns")(x[:K].contiguous())), test_utils=UTILS)
+    b_split = _op("split_columns")(x[:K].contiguous())
+    torch.library.opcheck(_op("split_matmul"), (weight, *b_split), test_utils=UTILS)
     torch.library.opcheck(_op("transpose_padded"), (x[:, :K - 1].contiguous(),), test_utils=UTILS)
+    torch.library.opcheck(_op("transpose_padded"), (x[:, :K - 1].contiguous(), True), test_utils=UTILS)
+    weight_row_max = _op("transpose_padded")(weight, True)[1]
+    torch.library.opcheck(_op("split_matmul"), (weight, *b_split, weight_row_max), test_utils=UTILS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

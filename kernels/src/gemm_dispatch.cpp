@@ -157,7 +157,8 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
     case GemmOperands::f16: return run_row<GemmOperands::f16>(row, args, stream);
     case GemmOperands::f32_split: {
       // x's per-row scales first: the split mainloop reads them with each stage.
-      const Status scaled = row_scales({static_cast<const float*>(args.x), args.M, args.K, args.x_scale}, stream);
+      const Status scaled =
+          row_scales({static_cast<const float*>(args.x), args.M, args.K, args.x_scale, args.x_row_max_bits}, stream);
       if (!scaled) return scaled;
       return run_row<GemmOperands::f32_split>(row, args, stream);
     }

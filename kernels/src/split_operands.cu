@@ -66,6 +66,15 @@ __global__ void __launch_bounds__(kThreads) split_weight_kernel(SplitWeightArgs 
 constexpr int kRowsPerBlock = kThreads / 32;  // a warp per row
 constexpr int kRowUnroll = 4;                  // float4 loads in flight per lane
 
+// x_scale[m] as row_scales_kernel makes it, from maxima already known (transpose_padded's).
+__global__ void __launch_bounds__(kThreads) scales_of_maxima_kernel(RowScalesArgs a) {
+  const int64_t m = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (m >= split::row_scale_count(a.M)) return;
+  float scale = 1.f, unscale;
+  if (m < a.M) split::pow2_scale(__uint_as_float(a.row_max_bits[m]), scale, unscale);
+  a.x_scale[m] = scale;
+}
+
 // x_scale[m] = 2^a[m] with max_k |x[m, k]| 2^a in [2^14, 2^15) (split::pow2_scale); 1 on the padding rows.
 __global__ void __launch_bounds__(kThreads) row_scales_kernel(RowScalesArgs a) {
   const int64_t m = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
@@ -175,6 +184,10 @@ Status row_scales(const RowScalesArgs& a, cudaStream_t stream) {
   if (!a.x || !a.x_scale) return Status::invalid("x and x_scale are required");
   if (!is_aligned16(a.x) || !is_aligned16(a.x_scale)) return Status::invalid("x and x_scale must start on a 16-byte boundary");
   const int64_t rows = split::row_scale_count(a.M);
+  if (a.row_max_bits) {
+    scales_of_maxima_kernel<<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a);
+    return Status::from_cuda(cudaGetLastError(), "launching row_scales (known maxima)");
+  }
   row_scales_kernel<<<static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock), kThreads, 0, stream>>>(a);
   return Status::from_cuda(cudaGetLastError(), "launching row_scales");
 }

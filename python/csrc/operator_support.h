@@ -164,6 +164,7 @@ inline int32_t aoti_dtype(ScalarType t) {
     case ScalarType::BFloat16: return aoti_torch_dtype_bfloat16();
     case ScalarType::Half: return aoti_torch_dtype_float16();
     case ScalarType::Long: return aoti_torch_dtype_int64();
+    case ScalarType::Int: return aoti_torch_dtype_int32();
     default: return aoti_torch_dtype_uint8();
   }
 }

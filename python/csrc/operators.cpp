@@ -177,8 +177,9 @@ std::tuple<Tensor, Tensor> split_columns(Tensor t) {
 }
 
 // a @ b on the fp32-faithful GEMM for a [M, K] float32 and b [K, N] given by its split (split_columns(b), or
-// split_weight(b^T)): the backward's gradient GEMMs, which never read b itself.
-Tensor split_matmul(Tensor a, Tensor b_split, Tensor b_unscale) {
+// split_weight(b^T)): the backward's gradient GEMMs, which never read b itself. a_row_max: the bits of a's rows'
+// maxima where known (transpose_padded's), which spares the GEMM its pass over a for the row scales.
+Tensor split_matmul(Tensor a, Tensor b_split, Tensor b_unscale, OptionalTensor a_row_max) {
   const Problem p = problem_of(a, "a");
   torch::stable::accelerator::DeviceGuard guard(p.device);
   if (p.dtype != ScalarType::Float) fail(std::string("a must be float32 (the fp32-faithful GEMM), got ") + dtype_name(p.dtype));
@@ -191,6 +192,10 @@ Tensor split_matmul(Tensor a, Tensor b_split, Tensor b_unscale) {
   a = readable(a, "a", p, ScalarType::Float, {g.M, g.K});
   check(b_split, "b_split", p, ScalarType::Half, {g.N, gemmbn::split_weight_columns(g.K)});
   check(b_unscale, "b_unscale", p, ScalarType::Float, {g.N});
+  if (a_row_max) {
+    check(*a_row_max, "a_row_max", p, ScalarType::Int, {g.M});
+    g.x_row_max_bits = static_cast<const unsigned*>(a_row_max->data_ptr());
+  }
   g.x = a.data_ptr();
   g.weight_split = b_split.data_ptr();
   g.weight_unscale = static_cast<const float*>(b_unscale.data_ptr());
@@ -205,19 +210,27 @@ Tensor split_matmul(Tensor a, Tensor b_split, Tensor b_unscale) {
   return out;
 }
 
-// out[c, r] = input[r, c], zero for r >= R: float32 [R, C] -> [C, R'], R' = R rounded up to a multiple of 4
-// (the split GEMM's operand where the reduction runs down input's columns).
-Tensor transpose_padded(Tensor input) {
+// (out, row_max, column_max): out[c, r] = input[r, c], zero for r >= R: float32 [R, C] -> [C, R'], R' = R rounded up
+// to a multiple of 4 (the GEMMs' operand where the reduction runs down input's columns); with `maxima`, the bits of
+// input's rows' [R] and columns' [C] largest magnitudes as int32 (split_matmul's a_row_max for input and for out),
+// else empty [0] tensors.
+std::tuple<Tensor, Tensor, Tensor> transpose_padded(Tensor input, bool maxima) {
   const Problem p = problem_of(input, "input");
   torch::stable::accelerator::DeviceGuard guard(p.device);
   gemmbn::TransposePaddedArgs a;
   a.rows = input.size(0), a.cols = input.size(1), a.out_columns = (a.rows + 3) / 4 * 4;
   input = readable(input, "input", p, ScalarType::Float, {a.rows, a.cols});
   Tensor out = empty(input, {a.cols, a.out_columns}, ScalarType::Float);
+  Tensor row_max = empty(input, {maxima ? a.rows : 0}, ScalarType::Int);
+  Tensor column_max = empty(input, {maxima ? a.cols : 0}, ScalarType::Int);
   a.in = static_cast<const float*>(input.data_ptr());
   a.out = static_cast<float*>(out.data_ptr());
+  if (maxima) {
+    a.row_max_bits = static_cast<unsigned*>(row_max.data_ptr());
+    a.column_max_bits = static_cast<unsigned*>(column_max.data_ptr());
+  }
   raise_on_error(gemmbn::transpose_padded(a, current_stream(p.device)));
-  return out;
+  return {out, row_max, column_max};
 }
 
 // Bits of batch_norm_backward's `outputs`: which of (dz, dgamma, dbeta, dbias, dscale) to compute.
@@ -287,8 +300,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
         "Tensor? weight_unscale) -> Tensor");
   m.def("split_weight(Tensor weight) -> (Tensor, Tensor)");
   m.def("split_columns(Tensor t) -> (Tensor, Tensor)");
-  m.def("split_matmul(Tensor a, Tensor b_split, Tensor b_unscale) -> Tensor");
-  m.def("transpose_padded(Tensor input) -> Tensor");
+  m.def("split_matmul(Tensor a, Tensor b_split, Tensor b_unscale, Tensor? a_row_max=None) -> Tensor");
+  m.def("transpose_padded(Tensor input, bool maxima=False) -> (Tensor, Tensor, Tensor)");
   m.def("batch_norm_backward(Tensor dout, Tensor? y, Tensor mean, Tensor invstd, Tensor? gamma, Tensor scale, "
         "Tensor x, Tensor weight, Tensor? bias, bool batch_statistics, int outputs) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");

@@ -109,6 +109,13 @@ def _fused_grads(
         dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics,
         (need_x or need_w or need_s, need_gamma, need_beta, need_b, need_s),
     )  # fmt: skip
+    if route == precision_mod.SPLIT_FP32 and need_w:
+        # dz^T and the row scales of dz and dz^T from the transpose's one pass (perf/NOTES.md, v16); dz is let go
+        # once dx has read it.
+        dz_t, dz_row_max, dz_column_max = fused.transpose_with_maxima(dz)
+        dx = fused.split_matmul(_reduction_rows(dz), weight, dz_row_max) if need_x else None
+        del dz
+        return dx, fused.split_matmul(dz_t, x, dz_column_max), db, ds, dgamma, dbeta
     dx = _matmul(route, dz, weight) if need_x else None
     dW = _matmul(route, dz.t(), x) if need_w else None
     return dx, dW, db, ds, dgamma, dbeta

@@ -115,18 +115,25 @@ def matmul(a: Tensor, b_rows: Tensor) -> Tensor:
     return _call(operator("linear_scale"), a, b_rows, None, None, None, None)
 
 
-def split_matmul(a: Tensor, b: Tensor) -> Tensor:
+def split_matmul(a: Tensor, b: Tensor, a_row_max: Tensor | None = None) -> Tensor:
     """a @ b in float32 on the fp32-faithful split GEMM: a [M, K] with K a multiple of 4, b [K', N] (K' <= K: the
     rows past K' are zero, as transpose_padded pads a), N a multiple of 4. b is split on every call (the
     backward's operands change every step; the weight cache would keep each one alive), straight from b's rows
-    (split_columns) without a transposed copy."""
-    return _call(operator("split_matmul"), a, *_call(operator("split_columns"), b))
+    (split_columns) without a transposed copy. a_row_max: the bits of a's rows' maxima where known
+    (transpose_with_maxima), else the GEMM finds them in a pass over a."""
+    return _call(operator("split_matmul"), a, *_call(operator("split_columns"), b), a_row_max)
 
 
 def transpose_padded(t: Tensor) -> Tensor:
     """t [R, C] (float32) transposed into a new [C, R'], R' = R rounded up to a multiple of 4, the
-    columns past R zero: the split GEMM's operand where the reduction runs down t's columns."""
-    return _call(operator("transpose_padded"), t)
+    columns past R zero: the GEMMs' operand where the reduction runs down t's columns."""
+    return _call(operator("transpose_padded"), t, False)[0]
+
+
+def transpose_with_maxima(t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(transpose_padded(t), t's rows' maxima, t's columns' maxima): the maxima as int32 bits of float32, the row
+    scales split_matmul needs for t and for the transpose, made in the transpose's one pass over t."""
+    return _call(operator("transpose_padded"), t, True)
 
 
 def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, gemm_kind: str) -> Tensor:

@@ -39,13 +39,14 @@ def _split_columns(t: Tensor):
     return _split_weight(t.t())  # the split of t^T
 
 
-def _split_matmul(a: Tensor, b_split: Tensor, b_unscale: Tensor):
+def _split_matmul(a: Tensor, b_split: Tensor, b_unscale: Tensor, a_row_max: Tensor | None = None):
     return a.new_empty((a.shape[0], b_unscale.shape[0]))
 
 
-def _transpose_padded(input: Tensor):
+def _transpose_padded(input: Tensor, maxima: bool = False):
     R, C = input.shape
-    return input.new_empty((C, -(-R // 4) * 4))
+    maxima_shapes = ((R,), (C,)) if maxima else ((0,), (0,))
+    return input.new_empty((C, -(-R // 4) * 4)), *(input.new_empty(s, dtype=torch.int32) for s in maxima_shapes)
 
 
 def _batch_norm_backward(dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics, outputs):

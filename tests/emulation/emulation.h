@@ -1,7 +1,7 @@
 // Runs a CUDA kernel's device code on the CPU as one thread block: the block's threads are std::threads,
 // __syncthreads is a std::barrier and a cooperative grid's sync is the block's (a grid of one block).
-// For kernels without warp intrinsics or atomics whose loops are uniform across the block (every thread
-// reaches every barrier): tests/test_finish_emulated.py runs finish_normalize's and fold_eval_affine's this
+// For kernels whose loops are uniform across the block (every thread reaches every barrier, and every warp
+// shuffle: a shuffle is an exchange between two barriers here); atomics are std::atomic_ref's. tests/test_finish_emulated.py runs finish_normalize's and fold_eval_affine's this
 // way, so CI, which has no GPU, still executes their indexing and arithmetic. Kernels without barriers may
 // run several blocks one after another (run_block's block argument). CUDA's headers supply the vector and 16-bit
 // types (their host paths); this file then turns the CUDA qualifiers into plain C++.
@@ -10,7 +10,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <thread>
@@ -68,6 +70,26 @@ struct grid_group {
 };
 inline grid_group this_grid() { return {}; }
 }  // namespace cooperative_groups
+
+// __shfl_xor_sync for a kernel that shuffles uniformly across the block (every thread, the same number of times).
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  static float exchange[1024];  // a value per thread of the block
+  const unsigned t = emulation::thread_index.x;
+  exchange[t] = v;
+  emulation::sync_block();
+  const float partner = exchange[(t & ~31u) | ((t % 32) ^ static_cast<unsigned>(lane_mask))];
+  emulation::sync_block();  // every partner is read before the next shuffle writes
+  return partner;
+}
+inline unsigned atomicMax(unsigned* address, unsigned v) {
+  std::atomic_ref<unsigned> word(*address);
+  unsigned old = word.load();
+  while (old < v && !word.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
 
 using std::max;
 using std::min;

@@ -55,6 +55,7 @@ struct GemmScaleStatsArgs {
   const void* weight_split = nullptr;     // [N, split_weight_columns(K)] fp16
   const float* weight_unscale = nullptr;  // [N]
   float* x_scale = nullptr;               // [row_scale_count(M)]
+  const unsigned* x_row_max_bits = nullptr;  // optional [M]: max_k |x[m, k]|'s bits, known (transpose_padded's)
   void* y = nullptr;          // [M, N] row-major
   int M = 0, N = 0, K = 0;
   const void* bias = nullptr;   // [N]
@@ -72,7 +73,8 @@ struct GemmScaleStatsArgs {
   int config = -1;   // row of the dtype's configuration table (configs.h)
   int raster = -1;   // tile order: 0 CUTLASS heuristic, 1 along M, 2 along N
   int swizzle = -1;  // tile scheduler's max swizzle size: 1, 2, 4 or 8
-  int splits = -1;   // stream-K rows: > 1 splits every tile's K range that many ways (plain split-K)
+  int splits = -1;   // stream-K rows: > 1 splits every tile's K range that many ways (plain split-K), 1 CUTLASS's
+                     // stream-K heuristic, -1 select_splits's choice
 };
 
 // The operand types of a dtype, split = the fp32-faithful GEMM (meaningful for f32 only).
@@ -132,6 +134,7 @@ struct RowScalesArgs {
   const float* x = nullptr;  // [M, K]
   int M = 0, K = 0;
   float* x_scale = nullptr;  // [row_scale_count(M)]
+  const unsigned* row_max_bits = nullptr;  // optional [M]: the maxima's bits, known; then x is not read
 };
 int64_t row_scale_count(int M);
 Status row_scales(const RowScalesArgs& args, cudaStream_t stream);
@@ -208,11 +211,15 @@ Status batch_norm_backward(const BatchNormBackwardArgs& args, cudaStream_t strea
 
 // out[c, r] = in[r, c] for r < rows, 0 for rows <= r < out_columns: fp32 [rows, cols] -> [cols, out_columns], the
 // split GEMM's operand layout where the reduction runs down in's columns (python/gemmbn/backward.py).
+// Optionally also the bits of each row's and each column's largest magnitude (atomicMax on non-negative floats'
+// bits: order-free, deterministic), the split GEMM's row scales of in and of out without a pass of their own.
 struct TransposePaddedArgs {
   const float* in = nullptr;  // [rows, cols] row-major
   int64_t rows = 0, cols = 0;
   float* out = nullptr;       // [cols, out_columns] row-major
   int64_t out_columns = 0;    // >= rows
+  unsigned* row_max_bits = nullptr;     // optional, with column_max_bits: [rows] max_c |in[r, c]| (zeroed here)
+  unsigned* column_max_bits = nullptr;  // [cols] max_r |in[r, c]|, out's row maxima (zeroed here, on the stream)
 };
 Status transpose_padded(const TransposePaddedArgs& args, cudaStream_t stream);
 

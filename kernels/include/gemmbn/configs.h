@@ -92,6 +92,15 @@ inline constexpr TileConfig const& config_at(GemmOperands operands, int index) {
   }
 }
 
+// A stream-K row's split of each tile's K range when the call leaves it to the rule (splits = -1): 2 where the
+// 128x128 tiles fill between a quarter and half a wave (halved, they fill it once), else 1, CUTLASS's stream-K
+// heuristic. Split GEMM, 64 tiles: 0.683 vs 0.738 ms at 1024x65536->1024 (perf/NOTES.md, v16).
+inline constexpr int select_splits(int M, int N) {
+  constexpr int64_t kWave = 132;
+  const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
+  return 4 * tiles > kWave && 2 * tiles <= kWave ? 2 : 1;
+}
+
 // Index into the operands' table for this problem (one rule, measured rows; see gemm_dispatch.cpp).
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics);
 

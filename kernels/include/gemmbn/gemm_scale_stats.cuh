@@ -200,10 +200,11 @@ struct GemmScaleStatsKernel {
     arguments.scheduler.max_swizzle_size = a.swizzle > 0 ? a.swizzle : kConfig.swizzle;
     if constexpr (kConfig.stream_k != 0) {
       using Decomposition = decltype(arguments.scheduler.decomposition_mode);
-      // splits > 1 (tuning): plain split-K into that many K ranges per tile; else CUTLASS's data-parallel
-      // waves plus stream-K for the remainder. Partial sums are added in a fixed order either way.
-      arguments.scheduler.splits = a.splits > 1 ? a.splits : 1;
-      arguments.scheduler.decomposition_mode = a.splits > 1 ? Decomposition::SplitK : Decomposition::Heuristic;
+      // splits > 1: plain split-K into that many K ranges per tile; 1: CUTLASS's data-parallel waves plus
+      // stream-K for the remainder; -1: select_splits's choice. Partial sums are added in a fixed order either way.
+      const int splits = a.splits == -1 ? select_splits(a.M, a.N) : a.splits;
+      arguments.scheduler.splits = splits > 1 ? splits : 1;
+      arguments.scheduler.decomposition_mode = splits > 1 ? Decomposition::SplitK : Decomposition::Heuristic;
       arguments.scheduler.reduction_mode = decltype(arguments.scheduler.reduction_mode)::Deterministic;
     }
     return Status::success();
