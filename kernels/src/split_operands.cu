@@ -136,9 +136,20 @@ __global__ void __launch_bounds__(kThreads) column_max_kernel(SplitColumnsArgs a
 constexpr int kSplitTileColumns = 64;
 __global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArgs a) {
   __shared__ float tile[split::kTileK][kSplitTileColumns + 1];  // +1: a warp's reads hit 32 banks
+  __shared__ float column_scale[kSplitTileColumns];
   const int64_t r0 = int64_t(blockIdx.x) * split::kTileK;
   const int c0 = blockIdx.y * kSplitTileColumns;
   const int col = threadIdx.x % kSplitTileColumns;
+  // The tile's column scales, loaded with the tile: read after the barrier, they were a second round trip to
+  // memory per block (perf/NOTES.md, v16).
+  if (threadIdx.x < kSplitTileColumns) {
+    float scale = 1.f, unscale;
+    if (c0 + col < a.C) {
+      split::pow2_scale(__uint_as_float(a.column_max_bits[c0 + col]), scale, unscale);
+      if (blockIdx.x == 0) a.unscale[c0 + col] = unscale;
+    }
+    column_scale[col] = scale;
+  }
 #pragma unroll
   for (int i = threadIdx.x / kSplitTileColumns; i < split::kTileK; i += kThreads / kSplitTileColumns) {
     const bool inside = r0 + i < a.R && c0 + col < a.C;
@@ -152,9 +163,7 @@ __global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArg
   for (int job = threadIdx.x; job < kSplitTileColumns * kWords; job += kThreads) {
     const int j = job / kWords, w = job % kWords;
     if (c0 + j >= a.C) continue;
-    float scale, unscale;
-    split::pow2_scale(__uint_as_float(a.column_max_bits[c0 + j]), scale, unscale);
-    if (blockIdx.x == 0 && w == 0) a.unscale[c0 + j] = unscale;
+    const float scale = column_scale[j];
     const int k0 = 4 * (4 * (w / 8) + w % 4) + 2 * ((w / 4) % 2);
     uint32_t* row = out + (c0 + j) * words_per_row + blockIdx.x * split::kTileK;
     split::split_pair(tile[k0][j] * scale, tile[k0 + 1][j] * scale, row[w], row[kWords + w]);
