@@ -45,7 +45,7 @@ config-report: $(VENV)/.deps
 $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==2.13.0" numpy pytest "scikit-build-core>=0.10" ninja matplotlib
+	$(PY) -m pip install -q "torch==2.13.0" numpy pytest "scikit-build-core>=0.10" ninja matplotlib "cuda-python>=13.0,<14"
 	$(PY) -m pip install -q --no-deps "nvidia-cutlass==4.2.0.0"
 	touch $@
 

@@ -16,6 +16,7 @@
 #   tune-stream-k     the KernelBench shape and the sweep's worst shapes (short M with long K, short K, small
 #                     N), TF32 and bf16, heuristic order, every row with stream-K rows also as split-K 2 and 4
 #   finish-bandwidth  finish_normalize against a device copy
+#   cuda-facts        perf/cuda_facts.py: SM count, L2, rated clocks, DRAM peak (cuda-python: carry its wheels in .whl/)
 #   clocks            perf/clocks_under_load.py: ms, SM clock and power of gemmbn's and cuBLAS's GEMMs
 #   breakdown         each launch alone
 #   host              perf/host_overhead.py --profile --launch and perf/anatomy.py at the tiny shape (host-bound)
@@ -61,6 +62,12 @@ deadline=$(( $(date +%s) + ${GEMMBN_SESSION_SECONDS:-560} ))
 limit() { local left=$(( deadline - $(date +%s) - 10 )); echo $(( left < $1 ? left : $1 )); }
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
+# The perf extra on a bare device (no package index there): carried wheels of cuda-bindings and cuda-pathfinder
+# (cuda-python's runtime bindings, for perf/cuda_facts.py: the ncu capture range, the device's clocks).
+if compgen -G ".whl/cuda_bindings-*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/gemmbn-perf-site .whl/cuda_bindings-*.whl \
+    .whl/cuda_pathfinder-*.whl && export PYTHONPATH=/tmp/gemmbn-perf-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 if [ -f python/gemmbn/_operators.so ]; then
   step "prebuilt extension (carried)"
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
@@ -92,6 +99,8 @@ for name in $steps; do
       grep "stack frame" "$out/ptxas.txt" | sort | uniq -c
       (cd /tmp && python3 -c "$load_check") || exit 1
       (cd /tmp && cp "$(python3 -c 'import gemmbn, pathlib; print(pathlib.Path(gemmbn.__file__).with_name("_operators.so"))')" "$archive_dir/") ;;
+    cuda-facts)
+      timeout $(limit 60) python3 perf/cuda_facts.py 2>&1 | tee "$out/cuda_facts.txt" ;;
     gpu-tests)
       timeout $(limit 540) python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -25 ;;
     smoke)

@@ -193,3 +193,27 @@ def test_host_overhead_measures_the_gap_before_the_first_event():
 
     gap = host_overhead.call_to_first_event_us(call, 20, lambda name: name == "aten::mm", (ProfilerActivity.CPU,))
     assert 2000 <= gap < 50000, gap
+
+
+def test_cuda_facts_report_the_device_or_name_the_cuda_error():
+    """perf/cuda_facts.py (cuda-python, the perf extra that make installs): on a GPU its facts agree with torch's
+    (SM count, L2 size) and the DRAM peak follows from clock and bus; without one every query raises the CUDA
+    error by name instead of returning garbage."""
+    cuda_facts = _load("cuda_facts")
+    import torch
+
+    if torch.cuda.is_available():
+        facts = cuda_facts.device_facts(0)
+        props = torch.cuda.get_device_properties(0)
+        assert facts["sm_count"] == props.multi_processor_count
+        assert facts["l2_bytes"] == props.L2_cache_size
+        expected_gbs = 2 * facts["memory_clock_khz"] * 1e3 * facts["memory_bus_bits"] / 8 / 1e9
+        assert facts["peak_bandwidth_gbs"] == pytest.approx(expected_gbs)
+        with cuda_facts.profiled():
+            torch.ones(1, device="cuda").add_(1)
+    else:
+        with pytest.raises(RuntimeError, match=r"cudaDeviceGetAttribute\(sm_count\) failed: cudaError"):
+            cuda_facts.device_facts(0)
+        with pytest.raises(RuntimeError, match="cudaProfilerStart failed: cudaError"):
+            with cuda_facts.profiled():
+                pass

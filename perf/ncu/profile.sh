@@ -8,7 +8,8 @@ set -euo pipefail
 out=$1; shift
 mkdir -p "$out"
 here=$(cd "$(dirname "$0")" && pwd)
-common=(--clock-control none --import-source yes --set full -c 1)
+# --profile-from-start off: only the launches inside launch_once.py's cudaProfilerStart/Stop (its second forward).
+common=(--clock-control none --profile-from-start off --import-source yes --set full -c 1)
 ncu "${common[@]}" -k regex:device_kernel -o "$out/gemm" -f python3 "$here/launch_once.py" "$@" > "$out/gemm.ncu.log" 2>&1
 ncu "${common[@]}" -k regex:finish_normalize -o "$out/finish" -f python3 "$here/launch_once.py" "$@" > "$out/finish.ncu.log" 2>&1
 for k in gemm finish; do
