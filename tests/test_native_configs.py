@@ -150,6 +150,19 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert debug.gemm_config(dtype, M, N, K, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])
 
 
+def test_stream_k_split_rule():
+    # configs.h select_splits: split-K 2 where the 128x128 tiles fill more than a quarter and at most half of a
+    # 132-SM wave (34..66 tiles: 64 measured, the dW GEMM at 1024x1024), else 1 (CUTLASS's stream-K heuristic).
+    tiles_to_splits = {16: 1, 33: 1, 34: 2, 64: 2, 66: 2, 67: 1, 128: 1, 1024: 1}
+    for tiles, splits in tiles_to_splits.items():
+        assert debug.gemm_selected_splits(128 * tiles, 128) == splits, tiles
+        assert debug.gemm_selected_splits(128, 128 * tiles) == splits, tiles
+    assert debug.gemm_selected_splits(1024, 1024) == 2  # 8 x 8 tiles
+    assert debug.gemm_selected_splits(1000, 1000) == 2  # ragged: still 8 x 8
+    with pytest.raises(RuntimeError, match="M = 0"):
+        debug.gemm_selected_splits(0, 128)
+
+
 def test_single_kernels_refuse_host_tensors():
     # The operators check every tensor before any CUDA call, so host tensors are refused even where no GPU is
     # (the GPU tests check the launches and the other refusals).

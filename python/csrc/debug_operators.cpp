@@ -5,6 +5,7 @@
 #include <tuple>
 #include <vector>
 
+#include "gemmbn/configs.h"
 #include "operator_support.h"
 
 namespace {
@@ -51,6 +52,12 @@ std::vector<int64_t> gemm_config_row(std::string dtype, int64_t M, int64_t N, in
 int64_t gemm_selected_config(std::string dtype, int64_t M, int64_t N, int64_t K, bool split, bool statistics) {
   return gemmbn::gemm_selected_config(parse_operands(dtype, split), checked_int(M, "M"), checked_int(N, "N"),
                                       checked_int(K, "K"), statistics);
+}
+
+// The split of each tile's K range a stream-K row's call gets from the rule (configs.h select_splits; 1: CUTLASS's
+// stream-K heuristic).
+int64_t gemm_selected_splits(int64_t M, int64_t N) {
+  return gemmbn::select_splits(checked_int(M, "M"), checked_int(N, "N"));
 }
 
 int64_t gemm_workspace_bytes(std::string dtype, int64_t M, int64_t N, int64_t K, int64_t config, bool split,
@@ -190,6 +197,7 @@ STABLE_TORCH_LIBRARY(gemmbn_debug, m) {
   m.def("gemm_config_count(str dtype, bool split) -> int");
   m.def("gemm_config_row(str dtype, int M, int N, int K, int config, bool split, bool statistics) -> int[]");
   m.def("gemm_selected_config(str dtype, int M, int N, int K, bool split, bool statistics) -> int");
+  m.def("gemm_selected_splits(int M, int N) -> int");
   m.def("gemm_workspace_bytes(str dtype, int M, int N, int K, int config, bool split, int splits, "
         "bool statistics) -> int");
   m.def("split_weight_columns(int K) -> int");
@@ -211,6 +219,7 @@ STABLE_TORCH_LIBRARY_IMPL(gemmbn_debug, CompositeExplicitAutograd, m) {
   m.impl("gemm_config_count", TORCH_BOX(&gemm_config_count));
   m.impl("gemm_config_row", TORCH_BOX(&gemm_config_row));
   m.impl("gemm_selected_config", TORCH_BOX(&gemm_selected_config));
+  m.impl("gemm_selected_splits", TORCH_BOX(&gemm_selected_splits));
   m.impl("gemm_workspace_bytes", TORCH_BOX(&gemm_workspace_bytes));
   m.impl("split_weight_columns", TORCH_BOX(&split_weight_columns));
   m.impl("row_scale_count", TORCH_BOX(&row_scale_count));

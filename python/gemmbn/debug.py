@@ -50,6 +50,11 @@ def gemm_selected_config(dtype: str, M: int, N: int, K: int, split: bool = False
     return _ops().gemm_selected_config(dtype, M, N, K, split, statistics)
 
 
+def gemm_selected_splits(M: int, N: int) -> int:
+    """Split-K factor a stream-K row's call gets for an M x N output when it names none (1: CUTLASS's heuristic)."""
+    return _ops().gemm_selected_splits(M, N)
+
+
 def gemm_configs(dtype: str, split: bool = False) -> list[dict[str, int]]:
     """The configuration table (kernels/include/gemmbn/configs.h), one dict of CONFIG_FIELDS per row."""
     ops = _ops()
