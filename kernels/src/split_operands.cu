@@ -2,6 +2,8 @@
 // x's per-row scales (every call, from gemm_scale_stats) and the backward's pairs of a transposed operand.
 #include <cuda_fp16.h>
 
+#include <cstdlib>
+
 #include "gemmbn/api.h"
 #include "gemmbn/elementwise.cuh"
 #include "gemmbn/f16_split.cuh"
@@ -170,6 +172,59 @@ __global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArg
   }
 }
 
+// The same pass over 32-row x 128-column tiles, an experiment behind GEMMBN_SPLIT_COLUMNS_WIDE=1 (split_columns):
+// four float4 loads per thread, all issued before the tile's shared-memory stores, and one job per (output row, quad
+// q) writing words 4q..4q+3 (hi, then lo) as two 16-byte stores. Bitwise split_columns_kernel's output on the CPU
+// (tests/test_split_emulated.py); not yet run on a GPU (perf/NOTES.md, v16: the 64-column kernel moves ~2.4 TB/s).
+constexpr int kWideTileColumns = 128;
+constexpr int kWideTileStride = kWideTileColumns + 4;  // float4 rows stay 16-byte aligned
+__global__ void __launch_bounds__(kThreads) split_columns_wide_kernel(SplitColumnsArgs a) {
+  __shared__ __align__(16) float tile[split::kTileK][kWideTileStride];
+  __shared__ float column_scale[kWideTileColumns];
+  const int64_t r0 = int64_t(blockIdx.x) * split::kTileK;
+  const int c0 = blockIdx.y * kWideTileColumns;
+  if (threadIdx.x < kWideTileColumns) {
+    const int col = threadIdx.x;
+    float scale = 1.f, unscale;
+    if (c0 + col < a.C) {
+      split::pow2_scale(__uint_as_float(a.column_max_bits[c0 + col]), scale, unscale);
+      if (blockIdx.x == 0) a.unscale[c0 + col] = unscale;
+    }
+    column_scale[col] = scale;
+  }
+  constexpr int kVectorsPerRow = kWideTileColumns / 4, kRowsPerStep = kThreads / kVectorsPerRow;
+  const int vector = threadIdx.x % kVectorsPerRow;
+  float4 v[split::kTileK / kRowsPerStep];
+#pragma unroll
+  for (int i = 0; i < split::kTileK / kRowsPerStep; ++i) {
+    const int64_t r = r0 + threadIdx.x / kVectorsPerRow + i * kRowsPerStep;
+    const int c = c0 + 4 * vector;  // C % 4 == 0: a vector is wholly inside or outside
+    v[i] = r < a.R && c < a.C ? *reinterpret_cast<const float4*>(a.t + r * a.C + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int i = 0; i < split::kTileK / kRowsPerStep; ++i) {
+    *reinterpret_cast<float4*>(&tile[threadIdx.x / kVectorsPerRow + i * kRowsPerStep][4 * vector]) = v[i];
+  }
+  __syncthreads();
+  const int64_t words_per_row = split::split_columns(a.R) / 2;
+  constexpr int kWords = split::kTileK / 2;  // hi words per row and k-tile
+#pragma unroll
+  for (int job = threadIdx.x; job < kWideTileColumns * 4; job += kThreads) {
+    const int j = job / 4, q = job % 4;  // row c0 + j of the output, its words 4q .. 4q + 3
+    if (c0 + j >= a.C) continue;
+    const float scale = column_scale[j];
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {  // word w = 4q + t: w / 8 = q / 2, w % 4 = t, (w / 4) % 2 = q % 2
+      const int k0 = 16 * (q / 2) + 4 * t + 2 * (q % 2);
+      split::split_pair(tile[k0][j] * scale, tile[k0 + 1][j] * scale, hi[t], lo[t]);
+    }
+    uint32_t* row = static_cast<uint32_t*>(a.split) + (c0 + j) * words_per_row + int64_t(blockIdx.x) * split::kTileK;
+    *reinterpret_cast<uint4*>(row + 4 * q) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    *reinterpret_cast<uint4*>(row + kWords + 4 * q) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+}
+
 // k0 of split_columns_kernel's word w inverts split_weight_kernel's placement of columns 4 i + 2 p (+1).
 constexpr bool split_columns_follows_split_weight() {
   for (int i = 0; i < kVectorsPerTile; ++i) {
@@ -181,6 +236,15 @@ constexpr bool split_columns_follows_split_weight() {
   return true;
 }
 static_assert(split_columns_follows_split_weight(), "split_columns and split_weight order a k-tile differently");
+// split_columns_wide_kernel's k0 per (q, t) is that formula at w = 4q + t.
+constexpr bool wide_words_follow_the_formula() {
+  for (int w = 0; w < split::kTileK / 2; ++w) {
+    const int q = w / 4, t = w % 4;
+    if (16 * (q / 2) + 4 * t + 2 * (q % 2) != 4 * (4 * (w / 8) + w % 4) + 2 * ((w / 4) % 2)) return false;
+  }
+  return true;
+}
+static_assert(wide_words_follow_the_formula(), "split_columns_wide_kernel's word order");
 
 }  // namespace
 
@@ -212,8 +276,13 @@ Status split_columns(const SplitColumnsArgs& a, cudaStream_t stream) {
   const dim3 max_grid((a.R + kMaxRowsPerBlock - 1) / kMaxRowsPerBlock, (a.C + kMaxColumns - 1) / kMaxColumns);
   column_max_kernel<<<max_grid, dim3(32, kMaxPhases), 0, stream>>>(a);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return Status::from_cuda(e, "launching column_max");
-  const dim3 split_grid((a.R + split::kTileK - 1) / split::kTileK, (a.C + kSplitTileColumns - 1) / kSplitTileColumns);
-  split_columns_kernel<<<split_grid, kThreads, 0, stream>>>(a);
+  const unsigned row_tiles = static_cast<unsigned>((a.R + split::kTileK - 1) / split::kTileK);
+  const char* wide = std::getenv("GEMMBN_SPLIT_COLUMNS_WIDE");  // the experiment's switch, read per call (A/B)
+  if (wide && wide[0] == '1') {
+    split_columns_wide_kernel<<<dim3(row_tiles, (a.C + kWideTileColumns - 1) / kWideTileColumns), kThreads, 0, stream>>>(a);
+  } else {
+    split_columns_kernel<<<dim3(row_tiles, (a.C + kSplitTileColumns - 1) / kSplitTileColumns), kThreads, 0, stream>>>(a);
+  }
   return Status::from_cuda(cudaGetLastError(), "launching split_columns");
 }
 

@@ -40,21 +40,29 @@ inline Index block_index{}, grid_size{1, 1, 1}, block_size{1, 1, 1};
 inline std::barrier<>* block_barrier = nullptr;
 inline void sync_block() { block_barrier->arrive_and_wait(); }
 
-// Runs body() in `threads` threads of block `block` (default 0; blocks run one at a time), and waits for them.
+// Runs body() in a block of threads.x x threads.y x threads.z threads (threadIdx.x fastest) as block `block`
+// (blocks run one at a time), and waits for them.
 template <class Body>
-void run_block(int threads, Body body, unsigned block = 0) {
-  block_index.x = block;
-  block_size.x = static_cast<unsigned>(threads);
-  std::barrier<> barrier(threads);
+void run_block(Index threads, Index block, Body body) {
+  block_index = block;
+  block_size = threads;
+  const unsigned count = threads.x * threads.y * threads.z;
+  std::barrier<> barrier(count);
   block_barrier = &barrier;
   std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&body, t] {
-      thread_index.x = static_cast<unsigned>(t);
+  for (unsigned t = 0; t < count; ++t) {
+    pool.emplace_back([&body, threads, t] {
+      thread_index = {t % threads.x, t / threads.x % threads.y, t / (threads.x * threads.y)};
       body();
     });
   }
   for (auto& thread : pool) thread.join();
+}
+
+// Runs body() in `threads` threads of block `block` (default 0), and waits for them.
+template <class Body>
+void run_block(int threads, Body body, unsigned block = 0) {
+  run_block(Index{static_cast<unsigned>(threads), 1, 1}, Index{block, 0, 0}, body);
 }
 }  // namespace emulation
 
@@ -89,6 +97,8 @@ inline unsigned atomicMax(unsigned* address, unsigned v) {
   return old;
 }
 inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
+inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
 
 using std::max;
