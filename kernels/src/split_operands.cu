@@ -132,9 +132,29 @@ __global__ void __launch_bounds__(kThreads) column_max_kernel(SplitColumnsArgs a
   atomicMax(a.column_max_bits + blockIdx.y * kMaxColumns + column, __float_as_uint(v));
 }
 
+// Word w < 16 of a split row's k-tile holds hi of its k-positions k0, k0 + 1 (word 16 + w their lo): the inverse of
+// split_weight_kernel's order. Generic in the integer type: an unsigned w spares the signed divisions' fix-ups.
+template <class Int>
+__host__ __device__ constexpr Int word_k0(Int w) { return 4 * (4 * (w / 8) + w % 4) + 2 * ((w / 4) % 2); }
+
+// The split kernels' column scales 2^b[c0 + col] for a tile's `Columns` columns into shared memory (1 past C), and
+// unscale = 2^-b from the first row tile's blocks; loaded with the tile: read after the barrier, they were a second
+// round trip to memory per block (perf/NOTES.md, v16).
+template <int Columns>
+__device__ __forceinline__ void load_column_scales(SplitColumnsArgs const& a, int c0, float (&column_scale)[Columns]) {
+  static_assert(Columns <= kThreads, "a thread per column");
+  const int col = threadIdx.x;
+  if (col >= Columns) return;
+  float scale = 1.f, unscale;
+  if (c0 + col < a.C) {
+    split::pow2_scale(__uint_as_float(a.column_max_bits[c0 + col]), scale, unscale);
+    if (blockIdx.x == 0) a.unscale[c0 + col] = unscale;
+  }
+  column_scale[col] = scale;
+}
+
 // Pass 2: a 32-row (one k-tile of the split) x 64-column tile of t, through shared memory, written as the k-tile of
-// 64 rows of split_weight's output: word w < 16 of a row's k-tile holds hi of its k-positions k0, k0 + 1 and word
-// 16 + w their lo, k0 = 4 (4 (w / 8) + w % 4) + 2 ((w / 4) % 2) (the inverse of split_weight_kernel's order).
+// 64 rows of split_weight's output (word_k0's order).
 constexpr int kSplitTileColumns = 64;
 __global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArgs a) {
   __shared__ float tile[split::kTileK][kSplitTileColumns + 1];  // +1: a warp's reads hit 32 banks
@@ -142,16 +162,7 @@ __global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArg
   const int64_t r0 = int64_t(blockIdx.x) * split::kTileK;
   const int c0 = blockIdx.y * kSplitTileColumns;
   const int col = threadIdx.x % kSplitTileColumns;
-  // The tile's column scales, loaded with the tile: read after the barrier, they were a second round trip to
-  // memory per block (perf/NOTES.md, v16).
-  if (threadIdx.x < kSplitTileColumns) {
-    float scale = 1.f, unscale;
-    if (c0 + col < a.C) {
-      split::pow2_scale(__uint_as_float(a.column_max_bits[c0 + col]), scale, unscale);
-      if (blockIdx.x == 0) a.unscale[c0 + col] = unscale;
-    }
-    column_scale[col] = scale;
-  }
+  load_column_scales(a, c0, column_scale);
 #pragma unroll
   for (int i = threadIdx.x / kSplitTileColumns; i < split::kTileK; i += kThreads / kSplitTileColumns) {
     const bool inside = r0 + i < a.R && c0 + col < a.C;
@@ -166,7 +177,7 @@ __global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArg
     const int j = job / kWords, w = job % kWords;
     if (c0 + j >= a.C) continue;
     const float scale = column_scale[j];
-    const int k0 = 4 * (4 * (w / 8) + w % 4) + 2 * ((w / 4) % 2);
+    const int k0 = word_k0(w);
     uint32_t* row = out + (c0 + j) * words_per_row + blockIdx.x * split::kTileK;
     split::split_pair(tile[k0][j] * scale, tile[k0 + 1][j] * scale, row[w], row[kWords + w]);
   }
@@ -183,15 +194,7 @@ __global__ void __launch_bounds__(kThreads) split_columns_wide_kernel(SplitColum
   __shared__ float column_scale[kWideTileColumns];
   const int64_t r0 = int64_t(blockIdx.x) * split::kTileK;
   const int c0 = blockIdx.y * kWideTileColumns;
-  if (threadIdx.x < kWideTileColumns) {
-    const int col = threadIdx.x;
-    float scale = 1.f, unscale;
-    if (c0 + col < a.C) {
-      split::pow2_scale(__uint_as_float(a.column_max_bits[c0 + col]), scale, unscale);
-      if (blockIdx.x == 0) a.unscale[c0 + col] = unscale;
-    }
-    column_scale[col] = scale;
-  }
+  load_column_scales(a, c0, column_scale);
   constexpr int kVectorsPerRow = kWideTileColumns / 4, kRowsPerStep = kThreads / kVectorsPerRow;
   const int vector = threadIdx.x % kVectorsPerRow;
   float4 v[split::kTileK / kRowsPerStep];
@@ -215,8 +218,8 @@ __global__ void __launch_bounds__(kThreads) split_columns_wide_kernel(SplitColum
     const float scale = column_scale[j];
     uint32_t hi[4], lo[4];
 #pragma unroll
-    for (int t = 0; t < 4; ++t) {  // word w = 4q + t: w / 8 = q / 2, w % 4 = t, (w / 4) % 2 = q % 2
-      const int k0 = 16 * (q / 2) + 4 * t + 2 * (q % 2);
+    for (int t = 0; t < 4; ++t) {
+      const unsigned k0 = word_k0(4u * q + t);
       split::split_pair(tile[k0][j] * scale, tile[k0 + 1][j] * scale, hi[t], lo[t]);
     }
     uint32_t* row = static_cast<uint32_t*>(a.split) + (c0 + j) * words_per_row + int64_t(blockIdx.x) * split::kTileK;
@@ -225,26 +228,17 @@ __global__ void __launch_bounds__(kThreads) split_columns_wide_kernel(SplitColum
   }
 }
 
-// k0 of split_columns_kernel's word w inverts split_weight_kernel's placement of columns 4 i + 2 p (+1).
+// word_k0 inverts split_weight_kernel's placement of columns 4 i + 2 p (+1).
 constexpr bool split_columns_follows_split_weight() {
   for (int i = 0; i < kVectorsPerTile; ++i) {
     for (int p = 0; p < 2; ++p) {
       const int w = (i / 4) * split::kSliceK / 2 + i % 4 + 4 * p;  // split_weight_kernel's hi_at within the tile
-      if (4 * (4 * (w / 8) + w % 4) + 2 * ((w / 4) % 2) != 4 * i + 2 * p) return false;
+      if (word_k0(w) != 4 * i + 2 * p) return false;
     }
   }
   return true;
 }
 static_assert(split_columns_follows_split_weight(), "split_columns and split_weight order a k-tile differently");
-// split_columns_wide_kernel's k0 per (q, t) is that formula at w = 4q + t.
-constexpr bool wide_words_follow_the_formula() {
-  for (int w = 0; w < split::kTileK / 2; ++w) {
-    const int q = w / 4, t = w % 4;
-    if (16 * (q / 2) + 4 * t + 2 * (q % 2) != 4 * (4 * (w / 8) + w % 4) + 2 * ((w / 4) % 2)) return false;
-  }
-  return true;
-}
-static_assert(wide_words_follow_the_formula(), "split_columns_wide_kernel's word order");
 
 }  // namespace
 
