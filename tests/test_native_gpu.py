@@ -494,14 +494,11 @@ def test_split_weight_matches_its_definition():
     assert ((rebuilt.double() - w.double()).abs() <= 2**-21 * w.abs().amax(1, keepdim=True).double()).all()
 
 
-@pytest.mark.parametrize("wide", ["0", "1"], ids=["64-column tiles", "wide experiment"])
 @pytest.mark.parametrize("R,C", [(1001, 264), (3, 4), (4100, 132), (65, 4096)], ids=lambda v: str(v))
-def test_split_columns_is_split_weight_of_the_transpose(R, C, wide, monkeypatch):
+def test_split_columns_is_split_weight_of_the_transpose(R, C):
     """The backward's B operand split straight from t [R, C]: bitwise split_weight(t^T) (its definition, and the
     operator on the transposed copy), columns of wildly different magnitudes and a zero column, the outputs written
-    over poison, R not a multiple of the 32-row k-tile nor C of the 64- or 128-column tile; for the landed kernel and
-    the GEMMBN_SPLIT_COLUMNS_WIDE experiment (split_operands.cu reads the switch per call)."""
-    monkeypatch.setenv("GEMMBN_SPLIT_COLUMNS_WIDE", wide)
+    over poison, R not a multiple of the 32-row k-tile nor C of the 128-column tile."""
     g = torch.Generator(device="cuda").manual_seed(R + C)
     magnitude = 10.0 ** torch.randint(-35, 36, (1, C), device="cuda", generator=g).float()
     t = torch.randn(R, C, device="cuda", generator=g) * magnitude

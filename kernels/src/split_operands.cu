@@ -2,8 +2,6 @@
 // x's per-row scales (every call, from gemm_scale_stats) and the backward's pairs of a transposed operand.
 #include <cuda_fp16.h>
 
-#include <cstdlib>
-
 #include "gemmbn/api.h"
 #include "gemmbn/elementwise.cuh"
 #include "gemmbn/f16_split.cuh"
@@ -153,49 +151,19 @@ __device__ __forceinline__ void load_column_scales(SplitColumnsArgs const& a, in
   column_scale[col] = scale;
 }
 
-// Pass 2: a 32-row (one k-tile of the split) x 64-column tile of t, through shared memory, written as the k-tile of
-// 64 rows of split_weight's output (word_k0's order).
-constexpr int kSplitTileColumns = 64;
+// Pass 2: a 32-row (one k-tile of the split) x 128-column tile of t through shared memory, written as the k-tile of
+// 128 rows of split_weight's output (word_k0's order). Four float4 loads per thread, all issued before the tile's
+// shared-memory stores; a job per (output row, quad q) writes words 4q..4q+3 (hi, then lo) as two 16-byte stores.
+// 64-column tiles with 4-byte loads and stores moved ~2.4 TB/s: 0.217 ms for x and W against 0.138 (NOTES v17).
+constexpr int kSplitTileColumns = 128;
+constexpr int kSplitTileStride = kSplitTileColumns + 4;  // float4 rows stay 16-byte aligned
 __global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArgs a) {
-  __shared__ float tile[split::kTileK][kSplitTileColumns + 1];  // +1: a warp's reads hit 32 banks
+  __shared__ __align__(16) float tile[split::kTileK][kSplitTileStride];
   __shared__ float column_scale[kSplitTileColumns];
   const int64_t r0 = int64_t(blockIdx.x) * split::kTileK;
   const int c0 = blockIdx.y * kSplitTileColumns;
-  const int col = threadIdx.x % kSplitTileColumns;
   load_column_scales(a, c0, column_scale);
-#pragma unroll
-  for (int i = threadIdx.x / kSplitTileColumns; i < split::kTileK; i += kThreads / kSplitTileColumns) {
-    const bool inside = r0 + i < a.R && c0 + col < a.C;
-    tile[i][col] = inside ? a.t[(r0 + i) * a.C + c0 + col] : 0.f;
-  }
-  __syncthreads();
-  const int64_t words_per_row = split::split_columns(a.R) / 2;
-  uint32_t* out = static_cast<uint32_t*>(a.split);
-  constexpr int kWords = split::kTileK / 2;  // hi words per row and k-tile
-#pragma unroll
-  for (int job = threadIdx.x; job < kSplitTileColumns * kWords; job += kThreads) {
-    const int j = job / kWords, w = job % kWords;
-    if (c0 + j >= a.C) continue;
-    const float scale = column_scale[j];
-    const int k0 = word_k0(w);
-    uint32_t* row = out + (c0 + j) * words_per_row + blockIdx.x * split::kTileK;
-    split::split_pair(tile[k0][j] * scale, tile[k0 + 1][j] * scale, row[w], row[kWords + w]);
-  }
-}
-
-// The same pass over 32-row x 128-column tiles, an experiment behind GEMMBN_SPLIT_COLUMNS_WIDE=1 (split_columns):
-// four float4 loads per thread, all issued before the tile's shared-memory stores, and one job per (output row, quad
-// q) writing words 4q..4q+3 (hi, then lo) as two 16-byte stores. Bitwise split_columns_kernel's output on the CPU
-// (tests/test_split_emulated.py); not yet run on a GPU (perf/NOTES.md, v16: the 64-column kernel moves ~2.4 TB/s).
-constexpr int kWideTileColumns = 128;
-constexpr int kWideTileStride = kWideTileColumns + 4;  // float4 rows stay 16-byte aligned
-__global__ void __launch_bounds__(kThreads) split_columns_wide_kernel(SplitColumnsArgs a) {
-  __shared__ __align__(16) float tile[split::kTileK][kWideTileStride];
-  __shared__ float column_scale[kWideTileColumns];
-  const int64_t r0 = int64_t(blockIdx.x) * split::kTileK;
-  const int c0 = blockIdx.y * kWideTileColumns;
-  load_column_scales(a, c0, column_scale);
-  constexpr int kVectorsPerRow = kWideTileColumns / 4, kRowsPerStep = kThreads / kVectorsPerRow;
+  constexpr int kVectorsPerRow = kSplitTileColumns / 4, kRowsPerStep = kThreads / kVectorsPerRow;
   const int vector = threadIdx.x % kVectorsPerRow;
   float4 v[split::kTileK / kRowsPerStep];
 #pragma unroll
@@ -212,7 +180,7 @@ __global__ void __launch_bounds__(kThreads) split_columns_wide_kernel(SplitColum
   const int64_t words_per_row = split::split_columns(a.R) / 2;
   constexpr int kWords = split::kTileK / 2;  // hi words per row and k-tile
 #pragma unroll
-  for (int job = threadIdx.x; job < kWideTileColumns * 4; job += kThreads) {
+  for (int job = threadIdx.x; job < kSplitTileColumns * 4; job += kThreads) {
     const int j = job / 4, q = job % 4;  // row c0 + j of the output, its words 4q .. 4q + 3
     if (c0 + j >= a.C) continue;
     const float scale = column_scale[j];
@@ -271,12 +239,7 @@ Status split_columns(const SplitColumnsArgs& a, cudaStream_t stream) {
   column_max_kernel<<<max_grid, dim3(32, kMaxPhases), 0, stream>>>(a);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return Status::from_cuda(e, "launching column_max");
   const unsigned row_tiles = static_cast<unsigned>((a.R + split::kTileK - 1) / split::kTileK);
-  const char* wide = std::getenv("GEMMBN_SPLIT_COLUMNS_WIDE");  // the experiment's switch, read per call (A/B)
-  if (wide && wide[0] == '1') {
-    split_columns_wide_kernel<<<dim3(row_tiles, (a.C + kWideTileColumns - 1) / kWideTileColumns), kThreads, 0, stream>>>(a);
-  } else {
-    split_columns_kernel<<<dim3(row_tiles, (a.C + kSplitTileColumns - 1) / kSplitTileColumns), kThreads, 0, stream>>>(a);
-  }
+  split_columns_kernel<<<dim3(row_tiles, (a.C + kSplitTileColumns - 1) / kSplitTileColumns), kThreads, 0, stream>>>(a);
   return Status::from_cuda(cudaGetLastError(), "launching split_columns");
 }
 

@@ -18,8 +18,7 @@ namespace {
 
 using emulation::Index;
 
-// wide: split_columns_wide_kernel (the GEMMBN_SPLIT_COLUMNS_WIDE experiment) instead of split_columns_kernel.
-bool check(int R, int C, bool wide) {
+bool check(int R, int C) {
   std::mt19937_64 rng(R * 7919 + C);
   std::normal_distribution<float> normal;
   // Columns of magnitudes 2^-40 .. 2^40 (each column its own scale), one column zero, one row of a larger value.
@@ -38,7 +37,7 @@ bool check(int R, int C, bool wide) {
   gemmbn::SplitColumnsArgs a{t.data(), R, C, column_max.data(), split.data(), unscale.data()};
   // The launches' grids as split_columns makes them (the kernel file's own tile constants).
   using gemmbn::kMaxColumns, gemmbn::kMaxPhases, gemmbn::kMaxRowsPerBlock;
-  const int tile_columns = wide ? gemmbn::kWideTileColumns : gemmbn::kSplitTileColumns;
+  const int tile_columns = gemmbn::kSplitTileColumns;
   for (unsigned bx = 0; bx < unsigned((R + kMaxRowsPerBlock - 1) / kMaxRowsPerBlock); ++bx) {
     for (unsigned by = 0; by < unsigned((C + kMaxColumns - 1) / kMaxColumns); ++by) {
       emulation::run_block(Index{32, kMaxPhases, 1}, Index{bx, by, 0}, [&a] { gemmbn::column_max_kernel(a); });
@@ -46,9 +45,7 @@ bool check(int R, int C, bool wide) {
   }
   for (unsigned bx = 0; bx < unsigned((R + 31) / 32); ++bx) {
     for (unsigned by = 0; by < unsigned((C + tile_columns - 1) / tile_columns); ++by) {
-      emulation::run_block(Index{256, 1, 1}, Index{bx, by, 0}, [&a, wide] {
-        wide ? gemmbn::split_columns_wide_kernel(a) : gemmbn::split_columns_kernel(a);
-      });
+      emulation::run_block(Index{256, 1, 1}, Index{bx, by, 0}, [&a] { gemmbn::split_columns_kernel(a); });
     }
   }
 
@@ -71,8 +68,7 @@ bool check(int R, int C, bool wide) {
     for (int r = 0; r < R; ++r) max_abs = std::max(max_abs, std::fabs(t[size_t(r) * C + c]));
     wrong += column_max[c] != std::bit_cast<unsigned>(max_abs);
   }
-  std::printf("%-4s split_columns%s %dx%d: %lld wrong elements\n", wrong ? "FAIL" : "ok", wide ? " (wide)" : "", R, C,
-              (long long)wrong);
+  std::printf("%-4s split_columns %dx%d: %lld wrong elements\n", wrong ? "FAIL" : "ok", R, C, (long long)wrong);
   return wrong == 0;
 }
 
@@ -80,13 +76,12 @@ bool check(int R, int C, bool wide) {
 
 int main() {
   bool ok = true;
-  for (bool wide : {false, true}) {
-    ok &= check(37, 20, wide);    // one ragged k-tile pair, C under a tile
-    ok &= check(64, 128, wide);   // whole k-tiles, whole column tiles
-    ok &= check(129, 68, wide);   // R past a column_max block, C past a 64-column tile
-    ok &= check(33, 260, wide);   // C past two 128-column tiles
-    ok &= check(3, 4, wide);      // the smallest
-  }
-  std::printf("10 cases\n");
+  ok &= check(37, 20);    // one ragged k-tile pair, C under a tile
+  ok &= check(64, 128);   // whole k-tiles, whole column tiles
+  ok &= check(129, 68);   // R past a column_max block, C past a 64-column tile
+  ok &= check(33, 260);   // C past two 128-column tiles
+  ok &= check(200, 384);  // several row tiles of column_max and of the split, three whole column tiles
+  ok &= check(3, 4);      // the smallest
+  std::printf("6 cases\n");
   return ok ? 0 : 1;
 }
