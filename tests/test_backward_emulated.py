@@ -3,7 +3,8 @@
 tests/emulation/batch_norm_backward_emulated.cpp compiles kernels/src/batch_norm_backward.cu with the
 emulation shim (tests/_emulation.py) and checks dbeta, dgamma, sum_grad_y, dz = s grad_y, dbias and dscale
 (where the scale is 0 too) against float64 for float32, bfloat16 and float16: batch and fixed statistics,
-ragged shapes, a mean 1e3 times the spread, more column stripes than blocks, the column gradients alone.
+ragged shapes, a mean 1e3 times the spread, more column stripes than blocks, the column gradients alone; and for
+float32 the variant that also writes dz^T with dz's row and column maxima (bit for bit).
 The bounds and their reasons are in that file.
 """
 

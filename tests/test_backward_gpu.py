@@ -340,3 +340,35 @@ def test_transpose_padded_is_exact(shape):
     assert torch.equal(again, out)
     assert torch.equal(row_max.view(torch.float32), t.abs().amax(1))
     assert torch.equal(column_max.view(torch.float32), t.abs().amax(0))
+
+
+@pytest.mark.parametrize("shape", [(1001, 260), (2, 64), (300, 8192), (65536, 1024)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("batch_statistics", [True, False])
+def test_batch_norm_backward_writes_dz_transposed(shape, batch_statistics):
+    """The fp32 "highest" backward's dz^T and dz's row and column maxima from batch_norm_backward's own pass (bit 5):
+    bit for bit transpose_with_maxima of its dz, the padding zero, written over NaN poison, and every other output
+    the plain kernel's bit for bit. Zero-scale columns run phase 5 too. Other dtypes are refused."""
+    M, N = shape
+    K = 64
+    g = torch.Generator(device=DEVICE).manual_seed(M + N)
+    scale = torch.randn(N, device=DEVICE, generator=g)
+    scale[::7] = 0
+    y = (torch.randn(M, N, device=DEVICE, generator=g) * 3 + 1) * (scale != 0)  # y = z s: 0 where s is
+    var, mean = torch.var_mean(y, 0, correction=0)
+    args = (torch.randn(M, N, device=DEVICE, generator=g), y, mean, torch.rsqrt(var + 1e-5),
+            torch.rand(N, device=DEVICE, generator=g) + 0.5, scale, torch.randn(M, K, device=DEVICE, generator=g),
+            torch.randn(N, K, device=DEVICE, generator=g), torch.randn(N, device=DEVICE, generator=g),
+            batch_statistics)  # fmt: skip
+    op = torch.ops.gemmbn.batch_norm_backward.default
+    plain = op(*args, 0b11111)
+    poison_next_allocation((N, -(-M // 4) * 4))
+    both = op(*args, 0b111111)
+    for name, expected, got in zip(("dz", "dgamma", "dbeta", "dbias", "dscale"), plain[:5], both[:5]):
+        assert torch.equal(got, expected), name
+    for name, expected, got in zip(("dz_t", "row maxima", "column maxima"), fused.transpose_with_maxima(plain[0]),
+                                   both[5:]):  # fmt: skip
+        assert torch.equal(got, expected), name
+    dout, y, mean, invstd, gamma, scale, x, weight, bias = args[:9]
+    with pytest.raises(RuntimeError, match="dz transposed is float32's"):
+        op(dout.bfloat16(), y.bfloat16(), mean, invstd, gamma.bfloat16(), scale.bfloat16(), x.bfloat16(),
+           weight.bfloat16(), bias.bfloat16(), batch_statistics, 0b111111)  # fmt: skip

@@ -70,12 +70,20 @@ def test_fakes_give_the_output_shapes(dtype):
         evaluated = _op("eval_forward")(*args[:6], args[6], args[7], 1e-5, None, None)
         assert (evaluated.shape, evaluated.dtype) == ((M, N), dtype)
         assert _op("linear_scale")(args[0], args[1], None, None, None, None).shape == (M, N)
-        dz, dgamma, dbeta, dbias, dscale = _op("batch_norm_backward")(
+        dz, dgamma, dbeta, dbias, dscale, dz_t, dz_row_max, dz_column_max = _op("batch_norm_backward")(
             torch.randn(M, N, dtype=dtype), None, torch.zeros(N), torch.ones(N), None, args[3], args[0], args[1],
             None, False, 0b00101,
         )  # fmt: skip
-        assert [t.shape for t in (dz, dgamma, dbeta, dbias, dscale)] == [(M, N), (0,), (N,), (0,), (0,)]
+        grads = (dz, dgamma, dbeta, dbias, dscale, dz_t, dz_row_max, dz_column_max)
+        assert [t.shape for t in grads] == [(M, N), (0,), (N,), (0,), (0,), (0,), (0,), (0,)]
         assert dz.dtype == dtype
+        if dtype == torch.float32:  # dz transposed (bit 5), as transpose_padded(dz, maxima=True) gives it
+            *_, dz_t, dz_row_max, dz_column_max = _op("batch_norm_backward")(
+                torch.randn(M + 1, N), None, torch.zeros(N), torch.ones(N), None, args[3], torch.randn(M + 1, K),
+                args[1], None, False, 0b100001,
+            )  # fmt: skip
+            assert (dz_t.shape, dz_t.dtype) == ((N, M + 4), torch.float32)
+            assert (dz_row_max.shape, dz_row_max.dtype, dz_column_max.shape) == ((M + 1,), torch.int32, (N,))
     with FakeTensorMode():
         weight_split, weight_unscale = _op("split_weight")(torch.randn(N, K))
         # K = 100 -> 4 slices of 32 columns, each as an fp16 hi and lo half (api.h's split_weight_columns).

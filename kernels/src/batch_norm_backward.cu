@@ -7,7 +7,8 @@
 //   2. merge: each column's partials are merged once, in fp64 in a fixed order, into dbeta, dgamma,
 //      sum_grad_y, dbias and grad_y's three per-column coefficients;
 //   3. dz: every block streams its phase-1 items again, last rows first, so that the first rows it reads
-//      are the ones phase 1 read last and may still be in L2; it also sums grad_y d per column;
+//      are the ones phase 1 read last and may still be in L2; it also sums grad_y d per column, and for the
+//      fp32-faithful GEMMs writes dz^T with the maxima of |dz| per row and per column (their row scales);
 //   4. those sums merged: dscale = sum_m grad_y y / s where s != 0;
 //   5. dscale where s = 0 (y = 0 there, z lost): sum_m grad_y (x_m . W_n + b_n) from x and the weight.
 // dout and y are read twice (no grad_y is known before every row has been summed), dz written once.
@@ -16,6 +17,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "gemmbn/api.h"
 #include "gemmbn/device_info.h"
@@ -57,6 +59,12 @@ struct BackwardParams {
   int stripes;
   int64_t rows_per_chunk;
   int items, chunks;  // items = stripes x chunks
+  // The transposed variant (float32): dz^T [N, dz_t_columns], zero past M, and the bits of max |dz| per row [M]
+  // and per column [N], zeroed in phase 1.
+  float* dz_t = nullptr;
+  int64_t dz_t_columns = 0;
+  unsigned* dz_row_max_bits = nullptr;
+  unsigned* dz_column_max_bits = nullptr;
 };
 
 // dout (and y when with_y) of a thread's kUnroll rows of a pass from row r on, rows from row_end on left out:
@@ -201,15 +209,30 @@ __device__ void merge_columns(BackwardParams<T> const& p) {
   }
 }
 
+// Phase 3's transposed output: each pass's 32 rows x 128 columns of dz staged in shared memory (two buffers, so one
+// barrier per pass) and written as 128 rows of dz^T of 32 m-values each, a warp per 128-byte row segment. The
+// swizzle r ^ (c / 4) puts a warp's staging stores (one row, columns 4 apart) and its loads (one column, 32 rows) on
+// 32 distinct banks. Writing dz^T here spares transpose_padded's read of dz (perf/NOTES.md, v17).
+constexpr int kStagedColumns = kLanesPerRow * 4, kStagedRows = kRowsPerPass * kUnroll;  // float32's stripe x pass
+constexpr int kStagedColumnsPerWarp = kStagedColumns / kRowsPerPass;
+static_assert(kStagedRows == 32 && kLanesPerRow == 32, "a lane per staged row, a warp per staged row of threads");
+__device__ __forceinline__ int staged_at(int c, int r) { return c * kStagedRows + (r ^ (c / 4)); }
+
 // Phase 3, per work item (phase 1's, in reverse: last items and last rows first):
 //   grad_y = c_dout dout - (c_d d + c_0),  dz = s grad_y   in fp32, rounded once to T
 // and, where dscale is asked for, the item's sums of grad_y d (fp32, before the scale) into partials [0].
-template <class T>
+// kTransposed (float32): also dz^T and the maxima of |dz| per row and column (atomicMax on the bits of
+// non-negative floats: order-free, deterministic; fmaxf drops NaN, as transpose_padded's maxima do).
+template <class T, bool kTransposed>
 __device__ void write_dz(BackwardParams<T> const& p) {
   using Vec = Vector16<T>;
   constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  static_assert(!kTransposed || kCols == kStagedColumns, "dz^T is float32's");
   __shared__ float stripe_terms[kStripeTerms][kCols];  // c_dout, c_d, c_0, mean, s
+  constexpr int kBuffers = kTransposed ? 2 : 1, kStaged = kTransposed ? kStagedColumns * kStagedRows : 1;
+  __shared__ float staged[kBuffers][kStaged];                         // a pass of dz, then the column maxima
+  __shared__ float row_maxima[kBuffers][kRowsPerPass][kLanesPerRow];  // per warp, of its staged columns
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
   const bool with_y = p.y != nullptr, with_sums = p.dscale != nullptr;
   const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
@@ -217,7 +240,7 @@ __device__ void write_dz(BackwardParams<T> const& p) {
   for (int item = last_item; item >= 0; item -= blocks) {  // uniform across the block
     const int stripe = item % p.stripes, chunk = item / p.stripes;
     const int col0 = stripe * kCols;
-    __syncthreads();  // the previous item's reads of stripe_terms are done
+    __syncthreads();  // the previous item's reads of stripe_terms (and staged) are done
     if (static_cast<int>(threadIdx.x) < kCols) {
       const int col = col0 + static_cast<int>(threadIdx.x);
       const bool valid = col < p.N;
@@ -229,25 +252,31 @@ __device__ void write_dz(BackwardParams<T> const& p) {
     __syncthreads();
 
     const int vector_col = col0 + lane * V;
+    const bool in_columns = vector_col < p.N;  // N % V == 0: a vector is wholly inside or outside
     double sums[1][V] = {};
-    if (vector_col < p.N) {
-      float c_dout[V], c_d[V], c_0[V], mean[V], scale[V];
+    float c_dout[V], c_d[V], c_0[V], mean[V], scale[V], column_max[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const int c = lane * V + i;
-        c_dout[i] = stripe_terms[0][c], c_d[i] = stripe_terms[1][c], c_0[i] = stripe_terms[2][c];
-        mean[i] = stripe_terms[kCoefficients][c], scale[i] = stripe_terms[kCoefficients + 1][c];
-      }
-      const int64_t row_begin = chunk * p.rows_per_chunk, row_end = min(p.M, row_begin + p.rows_per_chunk);
-      for (int64_t pass = (row_end - row_begin + kPassRows - 1) / kPassRows - 1; pass >= 0; --pass) {
-        const int64_t r = row_begin + pass * kPassRows + row_in_pass;
-        Vec g[kUnroll], v[kUnroll];
-        load_pass(p, r, row_end, vector_col, with_y, g, v);
-        float pass_sums[V] = {};
+    for (int i = 0; i < V; ++i) {
+      const int c = lane * V + i;
+      c_dout[i] = stripe_terms[0][c], c_d[i] = stripe_terms[1][c], c_0[i] = stripe_terms[2][c];
+      mean[i] = stripe_terms[kCoefficients][c], scale[i] = stripe_terms[kCoefficients + 1][c];
+      column_max[i] = 0.f;
+    }
+    const int64_t row_begin = chunk * p.rows_per_chunk, row_end = min(p.M, row_begin + p.rows_per_chunk);
+    // dz^T's columns this item writes: its rows, and in the last chunk the zero padding up to dz_t_columns (chunks
+    // are whole passes but for the last, so a pass never reaches into the next chunk).
+    const int64_t transposed_end = row_end == p.M ? p.dz_t_columns : row_end;
+    const int64_t passes = (row_end - row_begin + kPassRows - 1) / kPassRows;
+    for (int64_t pass = passes - 1; pass >= 0; --pass) {  // uniform across the block
+      const int64_t pass_row0 = row_begin + pass * kPassRows, r = pass_row0 + row_in_pass;
+      Vec g[kUnroll], v[kUnroll];
+      if (in_columns) load_pass(p, r, row_end, vector_col, with_y, g, v);
+      float pass_sums[V] = {};
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t row = r + u * kRowsPerPass;
-          if (row >= row_end) continue;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t row = r + u * kRowsPerPass;
+        const bool inside = in_columns && row < row_end;
+        if (inside) {
 #pragma unroll
           for (int i = 0; i < V; ++i) {
             const float d = with_y ? v[u].get(i) - mean[i] : 0.f;
@@ -257,8 +286,53 @@ __device__ void write_dz(BackwardParams<T> const& p) {
           }
           g[u].store(p.dz + row * p.N + vector_col);
         }
+        if constexpr (kTransposed) {  // zeros outside: the padding rows of dz^T
 #pragma unroll
-        for (int i = 0; i < V; ++i) sums[0][i] += pass_sums[i];
+          for (int i = 0; i < V; ++i) {
+            const float value = inside ? g[u].get(i) : 0.f;
+            staged[pass & 1][staged_at(lane * V + i, row_in_pass + u * kRowsPerPass)] = value;
+            column_max[i] = fmaxf(column_max[i], fabsf(value));
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) sums[0][i] += pass_sums[i];
+      if constexpr (kTransposed) {
+        __syncthreads();  // the pass is staged; the other buffer's readers (the previous pass) are done
+        if (pass != passes - 1 && threadIdx.x < kLanesPerRow) {  // the previous pass's rows: the warps' maxima
+          const int64_t row = pass_row0 + kPassRows + lane;
+          float m = row_maxima[(pass + 1) & 1][0][lane];
+          for (int w = 1; w < kRowsPerPass; ++w) m = fmaxf(m, row_maxima[(pass + 1) & 1][w][lane]);
+          if (row < row_end) atomicMax(p.dz_row_max_bits + row, __float_as_uint(m));
+        }
+        float row_max = 0.f;  // of dz row pass_row0 + lane over this warp's columns
+#pragma unroll 4
+        for (int j = 0; j < kStagedColumnsPerWarp; ++j) {
+          const int c = row_in_pass * kStagedColumnsPerWarp + j;
+          const float value = staged[pass & 1][staged_at(c, lane)];
+          row_max = fmaxf(row_max, fabsf(value));
+          const int64_t m = pass_row0 + lane;
+          if (col0 + c < p.N && m < transposed_end) p.dz_t[(col0 + c) * p.dz_t_columns + m] = value;
+        }
+        row_maxima[pass & 1][row_in_pass][lane] = row_max;
+      }
+    }
+    if constexpr (kTransposed) {
+      __syncthreads();  // the last pass's row maxima and reads of staged are done
+      if (threadIdx.x < kLanesPerRow) {  // the first pass's rows (the loop runs them last)
+        const int64_t row = row_begin + lane;
+        float m = row_maxima[0][0][lane];
+        for (int w = 1; w < kRowsPerPass; ++w) m = fmaxf(m, row_maxima[0][w][lane]);
+        if (row < row_end) atomicMax(p.dz_row_max_bits + row, __float_as_uint(m));
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) staged[0][row_in_pass * kCols + lane * V + i] = column_max[i];
+      __syncthreads();
+      const int col = col0 + static_cast<int>(threadIdx.x);
+      if (static_cast<int>(threadIdx.x) < kCols && col < p.N) {  // the item's rows' maxima per column
+        float m = staged[0][threadIdx.x];
+        for (int w = 1; w < kRowsPerPass; ++w) m = fmaxf(m, staged[0][w * kCols + threadIdx.x]);
+        atomicMax(p.dz_column_max_bits + col, __float_as_uint(m));
       }
     }
     if (with_sums) store_item_sums<1>(p, 0, stripe, chunk, sums);
@@ -321,16 +395,26 @@ __device__ void zero_scale_dscale(BackwardParams<T> const& p) {
   }
 }
 
-// batch_norm_backward: the phases, a grid barrier after each of the first three (the same for every block).
+// The transposed variant's maxima start at 0 (phase 3 raises them): zeroed here, ordered before phase 3's atomics by
+// the grid barriers, instead of by memset launches of their own.
 template <class T>
+__device__ void zero_maxima(BackwardParams<T> const& p) {
+  const int64_t stride = int64_t(gridDim.x) * kThreads, first = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t i = first; i < p.M; i += stride) p.dz_row_max_bits[i] = 0;
+  for (int64_t i = first; i < p.N; i += stride) p.dz_column_max_bits[i] = 0;
+}
+
+// batch_norm_backward: the phases, a grid barrier after each of the first three (the same for every block).
+template <class T, bool kTransposed = false>
 __global__ void __launch_bounds__(kThreads, 2) batch_norm_backward_kernel(BackwardParams<T> p) {
+  if constexpr (kTransposed) zero_maxima(p);
   column_sums(p);
   cg::this_grid().sync();  // orders phase 1's partials before phase 2's reads
   merge_columns(p);
   if (p.dz == nullptr) return;
   cg::this_grid().sync();  // orders phase 2's coefficients before phase 3's reads (and phase 2's reads of
                            // the partials before phase 3 writes over them)
-  write_dz(p);
+  write_dz<T, kTransposed>(p);
   if (p.dscale == nullptr) return;
   cg::this_grid().sync();  // orders phase 3's partials before phase 4's reads
   merge_dscale(p);         // phases 4 and 5 write disjoint columns
@@ -345,11 +429,11 @@ struct Plan {
   size_t workspace_bytes;  // fp32 partials [kSums][chunks][N] and coefficients [kCoefficients][N], fp64 [N]
 };
 
-template <class T>
+template <class T, bool kTransposed>
 Status plan_for(const BatchNormBackwardArgs& a, Plan& plan) {
   constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
   int max_blocks = 0;
-  if (cudaError_t e = resident_blocks<&batch_norm_backward_kernel<T>>(kThreads, max_blocks); e != cudaSuccess) {
+  if (cudaError_t e = resident_blocks<&batch_norm_backward_kernel<T, kTransposed>>(kThreads, max_blocks); e != cudaSuccess) {
     return Status::from_cuda(e, "querying batch_norm_backward's occupancy");
   }
   if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "batch_norm_backward does not fit");
@@ -373,10 +457,25 @@ Status check(const BatchNormBackwardArgs& a) {
   if (a.dscale && (a.K < 1 || a.K % (16 / dtype_size(a.dtype)) != 0)) {
     return Status::invalid("dscale needs K positive and a multiple of 16 bytes of the dtype");
   }
-  for (const void* p : {a.dout, a.y, a.x, a.weight, static_cast<const void*>(a.dz), static_cast<const void*>(a.workspace)}) {
-    if (p && !is_aligned16(p)) return Status::invalid("dout, y, dz, x, weight and workspace must be 16-byte aligned");
+  if (a.dz_t) {
+    if (a.dtype != DType::f32 || !a.dz) return Status::invalid("dz_t is float32's, and needs dz");
+    if (!a.dz_row_max_bits || !a.dz_column_max_bits) return Status::invalid("dz_t needs dz_row_max_bits and dz_column_max_bits");
+    if (a.dz_t_columns != (int64_t(a.M) + 3) / 4 * 4) return Status::invalid("dz_t_columns must be M rounded up to a multiple of 4");
+  }
+  for (const void* p : {a.dout, a.y, a.x, a.weight, static_cast<const void*>(a.dz), static_cast<const void*>(a.workspace),
+                        static_cast<const void*>(a.dz_t)}) {
+    if (p && !is_aligned16(p)) return Status::invalid("dout, y, dz, x, weight, workspace and dz_t must be 16-byte aligned");
   }
   return Status::success();
+}
+
+// Calls f(std::bool_constant<kTransposed>{}) for the kernel variant the arguments ask for (dz^T: float32 only).
+template <class T, class F>
+Status with_variant(const BatchNormBackwardArgs& a, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.dz_t) return f(std::true_type{});
+  }
+  return f(std::false_type{});
 }
 
 }  // namespace
@@ -385,10 +484,13 @@ Status batch_norm_backward_workspace_bytes(const BatchNormBackwardArgs& a, size_
   bytes = 0;
   if (a.M < 1 || a.N < 1) return Status::invalid("M and N must be positive");
   return with_element_type(a.dtype, [&](auto element) -> Status {
-    Plan plan{};
-    if (Status s = plan_for<decltype(element)>(a, plan); !s) return s;
-    bytes = plan.workspace_bytes;
-    return Status::success();
+    using T = decltype(element);
+    return with_variant<T>(a, [&](auto transposed) -> Status {
+      Plan plan{};
+      if (Status s = plan_for<T, decltype(transposed)::value>(a, plan); !s) return s;
+      bytes = plan.workspace_bytes;
+      return Status::success();
+    });
   });
 }
 
@@ -396,24 +498,27 @@ Status batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) 
   if (Status s = check(a); !s) return s;
   return with_element_type(a.dtype, [&](auto element) -> Status {
     using T = decltype(element);
-    Plan plan{};
-    if (Status s = plan_for<T>(a, plan); !s) return s;
-    if (!a.workspace || a.workspace_bytes < plan.workspace_bytes) {
-      return Status::invalid("workspace is smaller than batch_norm_backward_workspace_bytes");
-    }
-    float* partials = static_cast<float*>(a.workspace);
-    BackwardParams<T> p{static_cast<const T*>(a.dout), static_cast<const T*>(a.y), static_cast<T*>(a.dz), a.M, a.N,
-                        a.mean, a.invstd, static_cast<const T*>(a.gamma), static_cast<const T*>(a.scale),
-                        static_cast<const T*>(a.x), static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), a.K,
-                        a.batch_statistics, partials, partials + int64_t(kSums) * plan.chunks * a.N,
-                        reinterpret_cast<double*>(partials + (int64_t(kSums) * plan.chunks + kCoefficients) * a.N),
-                        static_cast<T*>(a.dgamma), static_cast<T*>(a.dbeta), static_cast<T*>(a.dbias),
-                        static_cast<T*>(a.dscale), plan.work.stripes, plan.work.rows_per_chunk,
-                        static_cast<int>(plan.work.items), plan.chunks};
-    void* kernel_args[] = {&p};
-    cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&batch_norm_backward_kernel<T>),
-                                                dim3(plan.blocks), dim3(kThreads), kernel_args, 0, stream);
-    return Status::from_cuda(e, "launching batch_norm_backward (cooperative)");
+    return with_variant<T>(a, [&](auto transposed) -> Status {
+      Plan plan{};
+      if (Status s = plan_for<T, decltype(transposed)::value>(a, plan); !s) return s;
+      if (!a.workspace || a.workspace_bytes < plan.workspace_bytes) {
+        return Status::invalid("workspace is smaller than batch_norm_backward_workspace_bytes");
+      }
+      float* partials = static_cast<float*>(a.workspace);
+      BackwardParams<T> p{static_cast<const T*>(a.dout), static_cast<const T*>(a.y), static_cast<T*>(a.dz), a.M, a.N,
+                          a.mean, a.invstd, static_cast<const T*>(a.gamma), static_cast<const T*>(a.scale),
+                          static_cast<const T*>(a.x), static_cast<const T*>(a.weight), static_cast<const T*>(a.bias), a.K,
+                          a.batch_statistics, partials, partials + int64_t(kSums) * plan.chunks * a.N,
+                          reinterpret_cast<double*>(partials + (int64_t(kSums) * plan.chunks + kCoefficients) * a.N),
+                          static_cast<T*>(a.dgamma), static_cast<T*>(a.dbeta), static_cast<T*>(a.dbias),
+                          static_cast<T*>(a.dscale), plan.work.stripes, plan.work.rows_per_chunk,
+                          static_cast<int>(plan.work.items), plan.chunks, a.dz_t, a.dz_t_columns, a.dz_row_max_bits,
+                          a.dz_column_max_bits};
+      void* kernel_args[] = {&p};
+      cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&batch_norm_backward_kernel<T, decltype(transposed)::value>),
+                                                  dim3(plan.blocks), dim3(kThreads), kernel_args, 0, stream);
+      return Status::from_cuda(e, "launching batch_norm_backward (cooperative)");
+    });
   });
 }
 

@@ -233,12 +233,14 @@ std::tuple<Tensor, Tensor, Tensor> transpose_padded(Tensor input, bool maxima) {
   return {out, row_max, column_max};
 }
 
-// Bits of batch_norm_backward's `outputs`: which of (dz, dgamma, dbeta, dbias, dscale) to compute.
-enum BackwardOutput : int64_t { kDz = 1, kDgamma = 2, kDbeta = 4, kDbias = 8, kDscale = 16 };
+// Bits of batch_norm_backward's `outputs`: which of (dz, dgamma, dbeta, dbias, dscale, dz^T with dz's maxima) to
+// compute.
+enum BackwardOutput : int64_t { kDz = 1, kDgamma = 2, kDbeta = 4, kDbias = 8, kDscale = 16, kDzTransposed = 32 };
 
-// (dz, dgamma, dbeta, dbias, dscale) in dout's dtype, each an empty [0] tensor where `outputs` does not ask for it:
-// the normalization's and the scale's backward (api.h: batch_norm_backward).
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
+// (dz, dgamma, dbeta, dbias, dscale) in dout's dtype, and with kDzTransposed (float32, with dz) (dz_t, dz_row_max,
+// dz_column_max) as transpose_padded(dz, maxima=True) returns them; each an empty [0] tensor where `outputs` does not
+// ask for it: the normalization's and the scale's backward (api.h: batch_norm_backward).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
     Tensor dout, OptionalTensor y, Tensor mean, Tensor invstd, OptionalTensor gamma, Tensor scale, Tensor x,
     Tensor weight, OptionalTensor bias, bool batch_statistics, int64_t outputs) {
   const Problem p = problem_of(dout, "dout");
@@ -266,7 +268,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
   a.x = x.data_ptr(), a.weight = weight.data_ptr();
   a.bias = read_vector(bias, "bias", p, N);
   a.batch_statistics = batch_statistics;
-  if (outputs < 0 || outputs > 31) fail("outputs must be a bit mask of 5 bits (dz, dgamma, dbeta, dbias, dscale)");
+  if (outputs < 0 || outputs > 63) {
+    fail("outputs must be a bit mask of 6 bits (dz, dgamma, dbeta, dbias, dscale, dz transposed)");
+  }
+  const bool transposed = outputs & kDzTransposed;
+  if (transposed && (p.dtype != ScalarType::Float || !(outputs & kDz))) {
+    fail("dz transposed is float32's and comes with dz, got " + std::string(dtype_name(p.dtype)));
+  }
   auto output = [&](int64_t bit, std::vector<int64_t> shape, void*& pointer) {
     if (!(outputs & bit)) return empty(dout, {0}, p.dtype);
     Tensor t = empty(dout, std::move(shape), p.dtype);
@@ -278,12 +286,21 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
   Tensor dbeta = output(kDbeta, {N}, a.dbeta);
   Tensor dbias = output(kDbias, {N}, a.dbias);
   Tensor dscale = output(kDscale, {N}, a.dscale);
+  a.dz_t_columns = transposed ? (M + 3) / 4 * 4 : 0;
+  Tensor dz_t = empty(dout, transposed ? std::vector<int64_t>{N, a.dz_t_columns} : std::vector<int64_t>{0}, ScalarType::Float);
+  Tensor dz_row_max = empty(dout, {transposed ? M : 0}, ScalarType::Int);
+  Tensor dz_column_max = empty(dout, {transposed ? N : 0}, ScalarType::Int);
+  if (transposed) {
+    a.dz_t = static_cast<float*>(dz_t.data_ptr());
+    a.dz_row_max_bits = static_cast<unsigned*>(dz_row_max.data_ptr());
+    a.dz_column_max_bits = static_cast<unsigned*>(dz_column_max.data_ptr());
+  }
   size_t bytes = 0;
   raise_on_error(gemmbn::batch_norm_backward_workspace_bytes(a, bytes));
   Tensor workspace = empty(dout, {int64_t(bytes)}, ScalarType::Byte);
   a.workspace = workspace.data_ptr(), a.workspace_bytes = bytes;
   raise_on_error(gemmbn::batch_norm_backward(a, current_stream(p.device)));
-  return {dz, dgamma, dbeta, dbias, dscale};
+  return {dz, dgamma, dbeta, dbias, dscale, dz_t, dz_row_max, dz_column_max};
 }
 
 }  // namespace
@@ -304,7 +321,7 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
   m.def("transpose_padded(Tensor input, bool maxima=False) -> (Tensor, Tensor, Tensor)");
   m.def("batch_norm_backward(Tensor dout, Tensor? y, Tensor mean, Tensor invstd, Tensor? gamma, Tensor scale, "
         "Tensor x, Tensor weight, Tensor? bias, bool batch_statistics, int outputs) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 // CPU inputs reach the same functions, which refuse them by name ("x must be a CUDA tensor") instead of the

@@ -105,15 +105,17 @@ def _fused_grads(
     need_x, need_w, need_b, need_s, need_gamma, need_beta = needs
     dout = dout if dout.dtype == x.dtype else dout.to(x.dtype)
     mean, invstd = (t if t.dtype == torch.float32 else t.float() for t in (mean, invstd))
-    dz, dgamma, dbeta, db, ds = fused.batch_norm_backward(
+    # fp32 "highest" with dW: the kernel also writes dz^T and the maxima of dz's rows and columns, the split GEMMs'
+    # operand and row scales, sparing transpose_padded's pass over dz (perf/NOTES.md, v17); dz is let go once dx
+    # has read it.
+    split_dw = route == precision_mod.SPLIT_FP32 and need_w
+    dz, dgamma, dbeta, db, ds, transposed = fused.batch_norm_backward(
         dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics,
-        (need_x or need_w or need_s, need_gamma, need_beta, need_b, need_s),
+        (need_x or need_w or need_s, need_gamma, need_beta, need_b, need_s), split_dw,
     )  # fmt: skip
-    if route == precision_mod.SPLIT_FP32 and need_w:
-        # dz^T and the row scales of dz and dz^T from the transpose's one pass (perf/NOTES.md, v16); dz is let go
-        # once dx has read it.
-        dz_t, dz_row_max, dz_column_max = fused.transpose_with_maxima(dz)
-        dx = fused.split_matmul(_reduction_rows(dz), weight, dz_row_max) if need_x else None
+    if split_dw:
+        dz_t, dz_row_max, dz_column_max = transposed
+        dx = fused.split_matmul(dz, weight, dz_row_max) if need_x else None
         del dz
         return dx, fused.split_matmul(dz_t, x, dz_column_max), db, ds, dgamma, dbeta
     dx = _matmul(route, dz, weight) if need_x else None

@@ -95,18 +95,20 @@ def batch_norm_backward(
     bias: Tensor | None,
     batch_statistics: bool,
     outputs: tuple[bool, bool, bool, bool, bool],
+    transposed: bool = False,
 ) -> tuple[Tensor | None, ...]:
     """(dz = s dL/dy [M, N], dgamma, dbeta, dbias, dscale), each in dout's dtype where ``outputs`` (ordered so)
-    asks for it, else None: api.h's math, one launch.
+    asks for it, else None, then transpose_with_maxima(dz) where ``transposed`` (float32, with dz; else None):
+    api.h's math, one launch.
 
     Tensors of dout's dtype but mean and invstd (float32 [N]: the running
     statistics when not ``batch_statistics``); y may be None only then, and neither dgamma nor dscale asked for.
     """
     dz, dgamma, dbeta, dbias, dscale = outputs
-    mask = dz | dgamma << 1 | dbeta << 2 | dbias << 3 | dscale << 4  # operators.cpp's BackwardOutput bits
+    mask = dz | dgamma << 1 | dbeta << 2 | dbias << 3 | dscale << 4 | transposed << 5  # operators.cpp's BackwardOutput
     grads = _call(operator("batch_norm_backward"), dout, y, mean, invstd, gamma, scale, x, weight, bias,
                   batch_statistics, mask)  # fmt: skip
-    return tuple(grad if need else None for grad, need in zip(grads, outputs))
+    return (*(grad if need else None for grad, need in zip(grads, outputs)), tuple(grads[5:]) if transposed else None)
 
 
 def matmul(a: Tensor, b_rows: Tensor) -> Tensor:

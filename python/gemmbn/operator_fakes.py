@@ -52,7 +52,10 @@ def _transpose_padded(input: Tensor, maxima: bool = False):
 def _batch_norm_backward(dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics, outputs):
     M, N = dout.shape
     shapes = ((M, N), (N,), (N,), (N,), (N,))  # dz, dgamma, dbeta, dbias, dscale
-    return tuple(dout.new_empty(shape if outputs >> i & 1 else (0,)) for i, shape in enumerate(shapes))
+    grads = tuple(dout.new_empty(shape if outputs >> i & 1 else (0,)) for i, shape in enumerate(shapes))
+    if outputs >> 5 & 1:  # dz transposed, with dz's maxima: transpose_padded(dz, maxima=True)'s outputs
+        return grads + _transpose_padded(grads[0], True)
+    return grads + (dout.new_empty(0, dtype=torch.float32), *(dout.new_empty(0, dtype=torch.int32) for _ in range(2)))
 
 
 _FAKES = {

@@ -204,6 +204,13 @@ struct BatchNormBackwardArgs {
   void* dbeta = nullptr;
   void* dbias = nullptr;
   void* dscale = nullptr;  // needs dz, y, x and weight
+  // Optional, float32 with dz: dz's transpose [N, dz_t_columns] (dz_t_columns = M rounded up to a multiple of 4, zero
+  // past M) and the bits of max |dz| per row [M] and per column [N] (zeroed by the call): the split GEMM's operand of
+  // dW = dz^T x and the row scales of dz and dz^T, without transpose_padded's pass over dz.
+  float* dz_t = nullptr;
+  int64_t dz_t_columns = 0;
+  unsigned* dz_row_max_bits = nullptr;
+  unsigned* dz_column_max_bits = nullptr;
 };
 // Workspace the call needs (reads dtype, M and N; the current device's SM count sizes it).
 Status batch_norm_backward_workspace_bytes(const BatchNormBackwardArgs& args, size_t& bytes);
