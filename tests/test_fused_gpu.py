@@ -194,6 +194,48 @@ def test_highest_sees_weight_updates():
         assert torch.allclose(out, expected, atol=1e-4, rtol=1e-4)
 
 
+# The training statistics from either source (api.h: train_statistics_from_y): the GEMM epilogue's per-tile partials,
+# or finish_normalize's pass over y; each forced through GEMMBN_STATISTICS_SOURCE (the operator reads it per call).
+# Short-K shapes, where the rule's choice matters, and a ragged one.
+SOURCE_CASES = [
+    pytest.param(torch.bfloat16, "highest", (16384, 512, 8192), id="bf16-16384x512x8192"),
+    pytest.param(torch.float32, "high", (16384, 512, 8192), id="fp32-high-16384x512x8192"),
+    pytest.param(torch.bfloat16, "highest", (65536, 512, 512), id="bf16-65536x512x512"),
+    pytest.param(torch.float16, "highest", (8200, 512, 1032), id="fp16-8200x512x1032"),
+]
+
+
+@pytest.mark.parametrize("source", ["epilogue", "y"])
+@pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
+def test_statistics_sources_match_float64(source, dtype, precision, shape, monkeypatch):
+    """Outputs and running statistics (momentum=1: the batch's own) against float64, with every fourth column's mean
+    far from its spread and the first rows far out (a partial's first rows need not be typical); the batch counted
+    once; the same bits on a second run. mean/std is 1e4 in float32. In 16-bit, storing y rounds it by up to 2^-8
+    (bf16) or 2^-11 (fp16) of its size, which the float64 reference (of the unrounded y) does not see: at mean/std
+    1e4 that is 40 spreads, so no 16-bit batch norm, eager's included, can match it; there mean/std is 4 (bf16) and 8
+    (fp16), under the output tolerances. (tests/test_finish_emulated.py checks both sources at mean/std 1e4 in every
+    dtype against the statistics of y as stored.)"""
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source)
+    M, K, N = shape
+    model = _model(dtype, precision, K, N, momentum=1.0)
+    with torch.no_grad():  # z's spread per column with x ~ U[0, 1): sqrt(sum_k W[n, k]^2 / 12)
+        spread = model.gemm.weight.double().square().sum(1).div(12).sqrt()
+        ratio = {torch.float32: 1e4, torch.bfloat16: 4.0, torch.float16: 8.0}[dtype]
+        model.gemm.bias[::4] = (ratio * spread[::4]).to(dtype)
+    x = _x(M, K, dtype)
+    x[: M // 64] *= 20
+    second = copy.deepcopy(model)
+    out64, bn64 = float64_forward(model, x)
+    with fused_path(), torch.no_grad():
+        out, again = model(x), second(x)
+    _assert_close_to_float64(out, out64, dtype, precision, f"training output ({source})", M)
+    for name in ("running_mean", "running_var"):
+        _assert_close_to_float64(getattr(model.bn, name), getattr(bn64, name), dtype, precision, name, M)
+    assert model.bn.num_batches_tracked.item() == 1
+    assert torch.equal(out, again)
+    assert torch.equal(model.bn.running_var, second.bn.running_var)
+
+
 @pytest.mark.parametrize(("dtype", "precision", "shape"), MID_CASES)
 def test_bitwise_deterministic(dtype, precision, shape):
     """No atomics: the same inputs give the same bits, outputs and running statistics alike."""

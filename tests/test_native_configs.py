@@ -174,3 +174,36 @@ def test_single_kernels_refuse_host_tensors():
         debug.gemm_scale_stats(x, w, y, None, None, None, None, partials[0], partials[1], None)
     with pytest.raises(RuntimeError, match="gemmbn: y must be a CUDA tensor"):
         debug.finish_normalize(y, y, partials[0], partials[1], 1, None, None, None, None, None, 0.1, 1e-5, save, save)
+
+
+def test_statistics_source_override(monkeypatch):
+    """GEMMBN_STATISTICS_SOURCE forces either source whatever the rule says (the tests and perf/statistics_source.py
+    run both through it); the rule's own choices are checked in test_statistics_source_rule."""
+    for dtype, split in (("bfloat16", False), ("float32", False), ("float32", True)):
+        monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "y")
+        assert debug.train_statistics_from_y(dtype, 16384, 8192, 512, split)
+        assert debug.train_statistics_from_y(dtype, 128, 512, 4096, split)
+        monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")
+        assert not debug.train_statistics_from_y(dtype, 16384, 8192, 512, split)
+
+
+def test_statistics_source_rule(monkeypatch):
+    """gemm_dispatch.cpp's rule: finish_normalize's pass over y for K <= 1024 past two waves (264) of 128x128 tiles,
+    never for the split GEMM; the epilogue elsewhere (perf/NOTES.md v17 has the measurements)."""
+    monkeypatch.delenv("GEMMBN_STATISTICS_SOURCE", raising=False)
+    from_y = {  # (M, K, N) -> the y pass?  (tiles)
+        (16384, 512, 8192): True,  # 8192
+        (4096, 512, 8192): True,  # 2048
+        (65536, 512, 512): True,  # 2048
+        (65536, 1024, 1024): True,  # 4096
+        (16384, 1024, 1024): True,  # 1024
+        (4096, 1024, 1024): False,  # 256: 1.07-1.12x slower with the y pass
+        (4224, 1024, 1024): False,  # 33 x 8 = 264 tiles: two waves, not past them
+        (4352, 1024, 1024): True,  # 34 x 8 = 272
+        (16384, 2048, 1024): False,  # K past 1024
+        (16384, 4096, 4096): False,
+    }
+    for (M, K, N), expected in from_y.items():
+        for dtype in ("float32", "bfloat16", "float16"):
+            assert debug.train_statistics_from_y(dtype, M, N, K) == expected, (dtype, M, K, N)
+        assert not debug.train_statistics_from_y("float32", M, N, K, split=True), (M, K, N)

@@ -1,6 +1,8 @@
 // Finish the batch statistics from the per-tile partials, update the running statistics, normalize.
 //
-// One cooperative launch in two phases separated by a grid-wide barrier:
+// One cooperative launch in two phases separated by a grid-wide barrier (three with partials_from_y):
+//   0. partials from y (where the GEMM ran without its statistics node): per work item of phase 2, the item's
+//      rows' mean and M2 per column, and num_batches_tracked incremented;
 //   1. statistics: each column's partials are merged once (not once per block), in one read, its mean
 //      and invstd saved and its running statistics updated;
 //   2. normalize: every block streams rows of y through out = y * alpha[n] + delta[n].
@@ -41,12 +43,12 @@ struct FinishParams {
   T* out;
   int64_t M;
   int N;
-  const float* partial_mean;
-  const float* partial_m2;
+  float* partial_mean;  // written by phase 0 in the y-pass variant, read by phase 1
+  float* partial_m2;
   int tiles, tile_rows;
   const T *gamma, *beta;
   T *running_mean, *running_var;
-  const int64_t* batches_tracked;
+  int64_t* batches_tracked;
   bool cumulative;
   double momentum, eps;
   float *save_mean, *save_invstd;
@@ -55,6 +57,66 @@ struct FinishParams {
   int64_t rows_per_chunk;  // rows of one normalize work item
   int items;               // stripes x row chunks
 };
+
+// Phase 0 (the y-pass variant), per work item (phase 2's: a column stripe x a row chunk of rows_per_chunk = tile_rows
+// rows): partial_mean[chunk, n], partial_m2[chunk, n] = mean and M2 of y as stored over the chunk's rows, as the
+// GEMM's epilogue makes them per tile. Welford's update per thread over its rows (fp32: stable where the first rows
+// lie far out), then Chan's merge of a column's kRowsPerPass threads in a fixed order in fp64, rounded to fp32.
+template <class T>
+__device__ void partials_of_y(FinishParams<T> const& p) {
+  using Vec = Vector16<T>;
+  constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;
+  __shared__ float thread_mean[kRowsPerPass][kCols], thread_m2[kRowsPerPass][kCols];
+  __shared__ int thread_count[kRowsPerPass];
+  const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
+  for (int item = blockIdx.x; item < p.items; item += gridDim.x) {  // uniform across the block
+    const int stripe = item % p.stripes;
+    const int64_t chunk = item / p.stripes;
+    const int vector_col = stripe * kCols + lane * V;
+    const int64_t row_begin = chunk * p.rows_per_chunk, row_end = min(p.M, row_begin + p.rows_per_chunk);
+    float mean[V] = {}, m2[V] = {};
+    int count = 0;
+    if (vector_col < p.N) {
+      for (int64_t r = row_begin + row_in_pass; r < row_end; r += kRowsPerPass * kUnroll) {
+        Vec v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (r + u * kRowsPerPass < row_end) v[u].load(p.y + (r + u * kRowsPerPass) * p.N + vector_col);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (r + u * kRowsPerPass >= row_end) continue;
+          const float inverse = 1.f / static_cast<float>(++count);
+#pragma unroll
+          for (int i = 0; i < V; ++i) {
+            const float value = v[u].get(i), delta = value - mean[i];
+            mean[i] = fmaf(delta, inverse, mean[i]);
+            m2[i] = fmaf(delta, value - mean[i], m2[i]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the previous item's reads of the thread arrays are done
+#pragma unroll
+    for (int i = 0; i < V; ++i) thread_mean[row_in_pass][lane * V + i] = mean[i], thread_m2[row_in_pass][lane * V + i] = m2[i];
+    if (lane == 0) thread_count[row_in_pass] = count;
+    __syncthreads();
+    const int col = stripe * kCols + static_cast<int>(threadIdx.x);
+    if (static_cast<int>(threadIdx.x) < kCols && col < p.N) {
+      double n = 0, total_mean = 0, total_m2 = 0;  // Chan's merge, threads in order
+      for (int t = 0; t < kRowsPerPass; ++t) {
+        const double n_t = thread_count[t];
+        if (n_t == 0) continue;
+        const double delta = double(thread_mean[t][threadIdx.x]) - total_mean, merged = n + n_t;
+        total_mean += delta * (n_t / merged);
+        total_m2 += double(thread_m2[t][threadIdx.x]) + delta * delta * (n * n_t / merged);
+        n = merged;
+      }
+      p.partial_mean[chunk * p.N + col] = static_cast<float>(total_mean);
+      p.partial_m2[chunk * p.N + col] = static_cast<float>(total_m2);
+    }
+  }
+}
 
 // Phase 1, per column n, from the per-tile partials (n_t rows, mean_t, M2_t) of y, in one read, in fp64:
 //   S1 = sum_t n_t (mean_t - c),   S2 = sum_t M2_t + n_t (mean_t - c)^2,   c = mean_0 (tile 0's mean)
@@ -173,10 +235,16 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
   }
 }
 
-// finish_normalize: phase 1 (column statistics), grid barrier, phase 2 (normalize). Cooperative launch.
-template <class T>
+// finish_normalize: [phase 0 (partials from y), grid barrier,] phase 1 (column statistics), grid barrier, phase 2
+// (normalize). Cooperative launch.
+template <class T, bool kFromY = false>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
+  if constexpr (kFromY) {
+    if (blockIdx.x == 0 && threadIdx.x == 0 && p.batches_tracked != nullptr) ++*p.batches_tracked;  // the GEMM did not
+    partials_of_y(p);
+    cg::this_grid().sync();  // orders the partials and the count before phase 1's reads
+  }
   switch (p.merge_columns) {
     case 4: merge_column_statistics<4>(p, lane_s1, lane_s2); break;
     case 8: merge_column_statistics<8>(p, lane_s1, lane_s2); break;
@@ -205,31 +273,61 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
   return Status::success();
 }
 
+namespace {
+
+// The launch's work items over the variant's resident blocks (phase 0's chunks are phase 2's).
+template <class T, bool kFromY>
+Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
+  constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
+  if (cudaError_t e = resident_blocks<&finish_normalize_kernel<T, kFromY>>(kThreads, max_blocks); e != cudaSuccess) {
+    return Status::from_cuda(e, "querying finish_normalize's occupancy");
+  }
+  if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
+  work = work_items(M, N, kCols, max_blocks, kRowsPerPass * kUnroll);
+  return Status::success();
+}
+
+template <class T, bool kFromY>
+Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
+  WorkItems work{};
+  int max_blocks = 0;
+  if (Status s = finish_work<T, kFromY>(a.M, a.N, work, max_blocks); !s) return s;
+  if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
+  // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
+  // each block would otherwise merge several column groups one after another.
+  const int merge_columns = merge_columns_for(a.N);
+  const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
+  const int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
+  FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
+                    static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
+                    static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
+                    a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns,
+                    work.stripes, work.rows_per_chunk, static_cast<int>(work.items)};
+  void* kernel_args[] = {&p};
+  cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&finish_normalize_kernel<T, kFromY>),
+                                              dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
+  return Status::from_cuda(e, "launching finish_normalize (cooperative)");
+}
+
+}  // namespace
+
+Status finish_partial_rows(DType dtype, int M, int N, int& rows) {
+  rows = 0;
+  if (M < 1 || N < 1) return Status::invalid("M and N must be positive");
+  return with_element_type(dtype, [&](auto element) -> Status {
+    WorkItems work{};
+    int max_blocks = 0;
+    if (Status s = finish_work<decltype(element), true>(M, N, work, max_blocks); !s) return s;
+    rows = static_cast<int>(work.rows_per_chunk);
+    return Status::success();
+  });
+}
+
 Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_normalize_check(a); !s) return s;
   return with_element_type(a.dtype, [&](auto element) -> Status {
     using T = decltype(element);
-    constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
-    int max_blocks = 0;
-    if (cudaError_t e = resident_blocks<&finish_normalize_kernel<T>>(kThreads, max_blocks); e != cudaSuccess) {
-      return Status::from_cuda(e, "querying finish_normalize's occupancy");
-    }
-    if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
-    const WorkItems work = work_items(a.M, a.N, kCols, max_blocks, kRowsPerPass * kUnroll);
-    // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
-    // each block would otherwise merge several column groups one after another.
-    const int merge_columns = merge_columns_for(a.N);
-    const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
-    const int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
-    FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
-                      static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
-                      static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
-                      a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns,
-                      work.stripes, work.rows_per_chunk, static_cast<int>(work.items)};
-    void* kernel_args[] = {&p};
-    cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&finish_normalize_kernel<T>),
-                                                dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
-    return Status::from_cuda(e, "launching finish_normalize (cooperative)");
+    return a.partials_from_y ? launch_finish<T, true>(a, stream) : launch_finish<T, false>(a, stream);
   });
 }
 

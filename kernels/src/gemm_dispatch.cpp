@@ -1,6 +1,7 @@
 // Validation, configuration choice and per-type dispatch of the fused GEMM; device queries.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <utility>
 
 #include "gemmbn/api.h"
@@ -50,6 +51,20 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   if (statistics && !tf32 && short_k && tiles <= 8 * kWave) return kNarrow;
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM ? kShortMRow : kWide;
   return M <= kShortM ? kShortMRow : kWide;
+}
+
+// Where the training statistics come from. The epilogue's per-tile reductions cost short-K problems two to three
+// times what one more read of y does (perf/NOTES.md v11): K <= 1024 past two waves of 128x128 tiles takes
+// finish_normalize's pass over y (TF32 0.91-0.995x, 16-bit 0.80-0.88x the epilogue's forward at the sweep's five
+// such shapes; 1.07-1.12x at 4096x1024->1024, 256 tiles: v17), never the split GEMM (its mainloop dwarfs the
+// epilogue). GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
+bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
+  if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
+    return forced[0] == 'y';
+  }
+  constexpr int kWave = 132, kShortK = 1024;
+  const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
+  return operands != GemmOperands::f32_split && K <= kShortK && tiles > 2 * kWave;
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }

@@ -4,19 +4,30 @@
 namespace gemmbn {
 
 Status train_forward(const GemmScaleStatsArgs& gemm, const FinishNormalizeArgs& finish, cudaStream_t stream) {
-  if (!gemm.partial_mean || !gemm.partial_m2) return Status::invalid("the training forward needs the partials");
   // One problem: the finish must read what the GEMM writes.
-  if (finish.y != gemm.y || finish.M != gemm.M || finish.N != gemm.N || finish.dtype != gemm.dtype ||
-      finish.partial_mean != gemm.partial_mean || finish.partial_m2 != gemm.partial_m2 ||
-      finish.batches_tracked != gemm.batches_tracked) {
-    return Status::invalid("the finish's y, partials, sizes, dtype and batches_tracked must be the GEMM's");
+  if (finish.y != gemm.y || finish.M != gemm.M || finish.N != gemm.N || finish.dtype != gemm.dtype) {
+    return Status::invalid("the finish's y, sizes and dtype must be the GEMM's");
   }
-  int row[kConfigFields];
-  if (!gemm_config_row(gemm_operands(gemm), gemm.config, gemm.M, gemm.N, gemm.K, row, true)) {
-    return Status::invalid("config is not a row of the operands' table");
-  }
-  if (finish.tile_rows != row[kConfigFields - 1]) {
-    return Status::invalid("tile_rows must be the GEMM row's partial_rows");
+  if (finish.partials_from_y) {  // the GEMM without statistics; the finish makes the partials and counts the batch
+    if (gemm.partial_mean || gemm.partial_m2 || gemm.batches_tracked) {
+      return Status::invalid("with partials_from_y the GEMM takes no partials and no batches_tracked");
+    }
+    int rows = 0;
+    if (Status s = finish_partial_rows(finish.dtype, finish.M, finish.N, rows); !s) return s;
+    if (finish.tile_rows != rows) return Status::invalid("tile_rows must be finish_partial_rows");
+  } else {
+    if (!gemm.partial_mean || !gemm.partial_m2) return Status::invalid("the training forward needs the partials");
+    if (finish.partial_mean != gemm.partial_mean || finish.partial_m2 != gemm.partial_m2 ||
+        finish.batches_tracked != gemm.batches_tracked) {
+      return Status::invalid("the finish's partials and batches_tracked must be the GEMM's");
+    }
+    int row[kConfigFields];
+    if (!gemm_config_row(gemm_operands(gemm), gemm.config, gemm.M, gemm.N, gemm.K, row, true)) {
+      return Status::invalid("config is not a row of the operands' table");
+    }
+    if (finish.tile_rows != row[kConfigFields - 1]) {
+      return Status::invalid("tile_rows must be the GEMM row's partial_rows");
+    }
   }
   // The finish's checks first: gemm_scale_stats checks its own before it launches anything.
   if (Status s = finish_normalize_check(finish); !s) return s;

@@ -60,6 +60,13 @@ int64_t gemm_selected_splits(int64_t M, int64_t N) {
   return gemmbn::select_splits(checked_int(M, "M"), checked_int(N, "N"));
 }
 
+// Whether a training forward of this problem takes its statistics from finish_normalize's pass over y (api.h:
+// train_statistics_from_y; GEMMBN_STATISTICS_SOURCE overrides the rule).
+bool train_statistics_from_y(std::string dtype, int64_t M, int64_t N, int64_t K, bool split) {
+  return gemmbn::train_statistics_from_y(parse_operands(dtype, split), checked_int(M, "M"), checked_int(N, "N"),
+                                         checked_int(K, "K"));
+}
+
 int64_t gemm_workspace_bytes(std::string dtype, int64_t M, int64_t N, int64_t K, int64_t config, bool split,
                              int64_t splits, bool statistics) {
   gemmbn::GemmScaleStatsArgs a;
@@ -198,6 +205,7 @@ STABLE_TORCH_LIBRARY(gemmbn_debug, m) {
   m.def("gemm_config_row(str dtype, int M, int N, int K, int config, bool split, bool statistics) -> int[]");
   m.def("gemm_selected_config(str dtype, int M, int N, int K, bool split, bool statistics) -> int");
   m.def("gemm_selected_splits(int M, int N) -> int");
+  m.def("train_statistics_from_y(str dtype, int M, int N, int K, bool split) -> bool");
   m.def("gemm_workspace_bytes(str dtype, int M, int N, int K, int config, bool split, int splits, "
         "bool statistics) -> int");
   m.def("split_weight_columns(int K) -> int");
@@ -220,6 +228,7 @@ STABLE_TORCH_LIBRARY_IMPL(gemmbn_debug, CompositeExplicitAutograd, m) {
   m.impl("gemm_config_row", TORCH_BOX(&gemm_config_row));
   m.impl("gemm_selected_config", TORCH_BOX(&gemm_selected_config));
   m.impl("gemm_selected_splits", TORCH_BOX(&gemm_selected_splits));
+  m.impl("train_statistics_from_y", TORCH_BOX(&train_statistics_from_y));
   m.impl("gemm_workspace_bytes", TORCH_BOX(&gemm_workspace_bytes));
   m.impl("split_weight_columns", TORCH_BOX(&split_weight_columns));
   m.impl("row_scale_count", TORCH_BOX(&row_scale_count));

@@ -29,9 +29,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   gemmbn::GemmScaleStatsArgs g =
       gemm_arguments(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, x_scale_at);
   const int64_t M = g.M, N = g.N;
-  int row[gemmbn::kConfigFields];
-  if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(g), -1, g.M, g.N, g.K, row, true)) fail("no GEMM configuration");
-  const int tile_rows = row[gemmbn::kConfigFields - 1];
+  // The statistics' partials: per tile of the GEMM's epilogue, or per row chunk of the finish's pass over y.
+  const bool from_y = gemmbn::train_statistics_from_y(gemmbn::gemm_operands(g), g.M, g.N, g.K);
+  int tile_rows = 0;
+  if (from_y) {
+    raise_on_error(gemmbn::finish_partial_rows(p.kernel_dtype, g.M, g.N, tile_rows));
+  } else {
+    int row[gemmbn::kConfigFields];
+    if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(g), -1, g.M, g.N, g.K, row, true)) fail("no GEMM configuration");
+    tile_rows = row[gemmbn::kConfigFields - 1];
+  }
   const int64_t tiles = (M + tile_rows - 1) / tile_rows;
 
   Tensor y = empty(x, {M, N}, p.dtype);
@@ -42,19 +49,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   // Per (row block, column) mean and M2 of y as stored: the means, then the M2s.
   const size_t partials_at = scratch.add(sizeof(float) * 2 * tiles * N);
   static float statistics_marker;  // the workspace query reads only whether partials are given
-  g.partial_mean = g.partial_m2 = &statistics_marker;
+  if (!from_y) g.partial_mean = g.partial_m2 = &statistics_marker;
   const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
   scratch.allocate(x);
   bind_scratch(g, scratch, x_scale_at, workspace_at);
   g.y = y.data_ptr();
-  g.partial_mean = scratch.at<float>(partials_at);
-  g.partial_m2 = g.partial_mean + tiles * N;
 
   gemmbn::FinishNormalizeArgs f;
   f.dtype = p.kernel_dtype;
   f.y = y.data_ptr(), f.out = out.data_ptr();
-  f.M = g.M, f.N = g.N, f.tile_rows = tile_rows;
-  f.partial_mean = g.partial_mean, f.partial_m2 = g.partial_m2;
+  f.M = g.M, f.N = g.N, f.tile_rows = tile_rows, f.partials_from_y = from_y;
+  f.partial_mean = scratch.at<float>(partials_at);
+  f.partial_m2 = f.partial_mean + tiles * N;
+  if (!from_y) g.partial_mean = f.partial_mean, g.partial_m2 = f.partial_m2;
   f.gamma = read_vector(gamma, "gamma", p, N);
   f.beta = read_vector(beta, "beta", p, N);
   if (running_mean.has_value() != running_var.has_value()) fail("running_mean and running_var go together");
@@ -67,7 +74,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
       fail("num_batches_tracked must be one int64 element on x's device, got " + std::string(dtype_name(counter.scalar_type())) +
            " of shape " + shape_string(counter));
     }
-    f.batches_tracked = g.batches_tracked = static_cast<int64_t*>(counter.data_ptr());
+    f.batches_tracked = static_cast<int64_t*>(counter.data_ptr());
+    if (!from_y) g.batches_tracked = f.batches_tracked;  // the launch that counts the batch
   }
   // momentum=None averages cumulatively over the counted batches; with nothing counted, nn.BatchNorm1d's factor is 0.
   f.cumulative = !momentum.has_value() && f.batches_tracked != nullptr;

@@ -55,6 +55,12 @@ def gemm_selected_splits(M: int, N: int) -> int:
     return _ops().gemm_selected_splits(M, N)
 
 
+def train_statistics_from_y(dtype: str, M: int, N: int, K: int, split: bool = False) -> bool:
+    """Whether the training forward takes its statistics from finish_normalize's pass over y (else the GEMM's
+    epilogue): the rule, or GEMMBN_STATISTICS_SOURCE=epilogue|y where set."""
+    return _ops().train_statistics_from_y(dtype, M, N, K, split)
+
+
 def gemm_configs(dtype: str, split: bool = False) -> list[dict[str, int]]:
     """The configuration table (kernels/include/gemmbn/configs.h), one dict of CONFIG_FIELDS per row."""
     ops = _ops()

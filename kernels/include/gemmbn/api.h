@@ -143,19 +143,23 @@ Status row_scales(const RowScalesArgs& args, cudaStream_t stream);
 //   out = (y - mean_y) / sqrt(var_y + eps) * gamma + beta      (out may alias y)
 //   running_mean <- (1-f) running_mean + f mean_y;  running_var <- (1-f) running_var + f var_y M/(M-1)
 //   f = momentum, or 1 / batches_tracked when cumulative (momentum=None).
+// partials_from_y: a pass over y makes the partials first (per row chunk of the launch's own work items,
+// finish_partial_rows rows each, written into partial_mean/partial_m2) and increments batches_tracked, so the
+// GEMM before it runs without its statistics node (train_statistics_from_y chooses).
 struct FinishNormalizeArgs {
   DType dtype = DType::f32;  // of y, out, bias, scale, gamma, beta, running stats
   const void* y = nullptr;
   void* out = nullptr;
   int M = 0, N = 0;
-  const float* partial_mean = nullptr;
-  const float* partial_m2 = nullptr;
+  float* partial_mean = nullptr;  // [ceil(M / tile_rows), N], read (written first when partials_from_y)
+  float* partial_m2 = nullptr;
   int tile_rows = 128;
+  bool partials_from_y = false;
   const void* gamma = nullptr;
   const void* beta = nullptr;
   void* running_mean = nullptr;  // both or neither
   void* running_var = nullptr;
-  const int64_t* batches_tracked = nullptr;  // read when cumulative
+  int64_t* batches_tracked = nullptr;  // read when cumulative; incremented when partials_from_y
   bool cumulative = false;
   double momentum = 0.1;
   double eps = 1e-5;
@@ -165,6 +169,11 @@ struct FinishNormalizeArgs {
 Status finish_normalize(const FinishNormalizeArgs& args, cudaStream_t stream);
 // finish_normalize's argument checks alone (what it would refuse), without a launch.
 Status finish_normalize_check(const FinishNormalizeArgs& args);
+// The rows per partial of finish_normalize's pass over y (partials_from_y) for dtype, M and N on the current device.
+Status finish_partial_rows(DType dtype, int M, int N, int& rows);
+// Whether the training forward's statistics come from finish_normalize's pass over y (true) or the GEMM's epilogue:
+// the rule (perf/NOTES.md v17), or GEMMBN_STATISTICS_SOURCE=epilogue|y where set (tests, A/B runs).
+bool train_statistics_from_y(GemmOperands operands, int M, int N, int K);
 
 // The training forward in one call: gemm_scale_stats then finish_normalize on the same stream, both
 // calls' arguments checked before the first launch, so a refused call launches nothing (no running
