@@ -11,7 +11,8 @@ kernel makes z from x and W for those columns alone, and the PyTorch route uses 
 (dW = s G, ds = sum_k W G + b sum_grad_y): it keeps z everywhere at the price of N x K passes.
 
 Fused route (sm90 GPU, the extension, fused dtypes and sizes): the gemmbn::batch_norm_backward operator reads dout
-and y twice and writes dz once in the GEMMs' operand dtype, with every [N] gradient; the two GEMMs run in
+and y twice and writes dz once in the GEMMs' operand dtype (for "highest" with dW also dz^T and dz's maxima, the
+split GEMMs' operand and row scales), with every [N] gradient; the two GEMMs run in
 the forward's precision: bf16/fp16 tensor cores (cuBLAS) with float32 accumulation, TF32 for "high" and
 "medium" (gemmbn's own GEMM for large outputs, else cuBLAS), the fp32-faithful split GEMM (gemmbn's own) for
 "highest". Elsewhere the G form in PyTorch

@@ -1,0 +1,94 @@
+"""Host time of a training step, piece by piece: where a host-bound step (small shapes) spends its CPU time.
+
+    python perf/host_step.py [--size M K N] [--config fp32|tf32|bf16|fp16] [--providers gemmbn,eager] [--steps 60]
+
+Per provider (perf/train_step.py's models and step):
+- back to back: host microseconds per step (the loop's time before the final synchronize) and wall time per step;
+  host ≈ wall means the host is the bottleneck;
+- synchronized (the GPU idle before each step, as a caller reading its loss sees it): host time of the forward call
+  and of backward(), medians;
+- gemmbn only: the host time of each call into gemmbn.fused (each native operator with its Python wrapper) and of
+  backward.linear_scale_bn_backward, medians per call, within those synchronized steps.
+Wall-clock timing (time.perf_counter), no profiler: torch.profiler's per-op times on a slow host were skewed by its
+first profiled step (perf/NOTES.md v17).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections import defaultdict
+
+import torch
+from train_step import CONFIGS, _models, _step
+
+from gemmbn import backward, fused
+
+TIMED = {fused: ("train_forward", "batch_norm_backward", "split_matmul", "transpose_with_maxima", "matmul"),
+         backward: ("linear_scale_bn_backward",)}  # fmt: skip
+
+
+def _timed_calls(times: dict[str, list[float]]) -> None:
+    """Wraps TIMED's functions so that each call's host time lands in times[module.name]."""
+    for module, names in TIMED.items():
+        for name in names:
+            original = getattr(module, name)
+
+            def timed(*args, _original=original, _label=f"{module.__name__}.{name}", **kwargs):
+                start = time.perf_counter()
+                result = _original(*args, **kwargs)
+                times[_label].append(time.perf_counter() - start)
+                return result
+
+            setattr(module, name, timed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", nargs=3, type=int, default=[4096, 1024, 1024], metavar=("M", "K", "N"))
+    parser.add_argument("--config", default="fp32", choices=list(CONFIGS))
+    parser.add_argument("--providers", default="gemmbn,eager")
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    M, K, N = args.size
+    dtype, precision = CONFIGS[args.config]
+    torch.set_float32_matmul_precision(precision)
+    models = _models(M, K, N, dtype, args.providers.split(","))
+    x = torch.rand(M, K, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(M, N, device="cuda", dtype=dtype)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {M}x{K}->{N} {args.config}, host time in us")
+    calls: dict[str, list[float]] = defaultdict(list)
+    _timed_calls(calls)
+    for provider, module in models.items():
+        step = _step(module, x, dout, None)
+        for _ in range(10):
+            step()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            step()
+        host = time.perf_counter() - start
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        print(f"\n{provider}: back to back {1e6 * host / args.steps:.1f} host, {1e6 * wall / args.steps:.1f} wall per step")
+        calls.clear()
+        forward, backward_ = [], []
+        for _ in range(args.steps):
+            module.zero_grad(set_to_none=True)
+            x.grad = None
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = module(x)
+            t1 = time.perf_counter()
+            out.backward(dout)
+            forward.append(t1 - t0)
+            backward_.append(time.perf_counter() - t1)
+        torch.cuda.synchronize()
+        print(f"  synchronized: forward {1e6 * statistics.median(forward):.1f}, backward {1e6 * statistics.median(backward_):.1f}")
+        for label, times in sorted(calls.items()):
+            print(f"    {label:40s} {1e6 * statistics.median(times):8.1f} per call, {len(times) / args.steps:g} calls per step")
+
+
+if __name__ == "__main__":
+    main()
