@@ -205,7 +205,7 @@ SOURCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("source", ["epilogue", "y"])
+@pytest.mark.parametrize("source", ["epilogue", "y", "y-last-rows-first"])
 @pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
 def test_statistics_sources_match_float64(source, dtype, precision, shape, monkeypatch):
     """Outputs and running statistics (momentum=1: the batch's own) against float64, with every fourth column's mean
@@ -215,7 +215,9 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
     1e4 that is 40 spreads, so no 16-bit batch norm, eager's included, can match it; there mean/std is 4 (bf16) and 8
     (fp16), under the output tolerances. (tests/test_finish_emulated.py checks both sources at mean/std 1e4 in every
     dtype against the statistics of y as stored.)"""
-    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source)
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue" if source == "epilogue" else "y")
+    # The y pass's experiment (finish_normalize.cu, read per call): phase 2 walks the rows last first.
+    monkeypatch.setenv("GEMMBN_Y_PASS_LAST_ROWS_FIRST", "1" if source == "y-last-rows-first" else "0")
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=1.0)
     with torch.no_grad():  # z's spread per column with x ~ U[0, 1): sqrt(sum_k W[n, k]^2 / 12)

@@ -17,6 +17,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "gemmbn/api.h"
 #include "gemmbn/device_info.h"
@@ -187,13 +188,19 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
 
 // Phase 2, per work item (column stripe, row chunk): out[m, n] = y[m, n] alpha[n] + delta[n] with
 //   alpha = gamma invstd, delta = beta - mean alpha   (fp32, as PyTorch's BatchNorm forms them)
-template <class T>
+// kLastRowsFirst, an experiment of the y-pass variant (GEMMBN_Y_PASS_LAST_ROWS_FIRST=1; not yet run on a GPU): the
+// items and each chunk's rows last first, so that the first reads find the rows phase 0 read last still in L2.
+template <class T, bool kLastRowsFirst = false>
 __device__ void normalize_rows(FinishParams<T> const& p) {
   using Vec = Vector16<T>;
   constexpr int kCols = kLanesPerRow * Vec::kSize;  // columns per stripe
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
   __shared__ float alpha_s[kCols], delta_s[kCols];
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
-  for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
+  const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+  const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
+  for (int item = kLastRowsFirst ? last_item : first; kLastRowsFirst ? item >= 0 : item < p.items;
+       item += kLastRowsFirst ? -blocks : blocks) {  // uniform across the block
     const int stripe = item % p.stripes;
     const int64_t chunk = item / p.stripes;
     const int col0 = stripe * kCols;
@@ -216,7 +223,9 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
     for (int i = 0; i < Vec::kSize; ++i) alpha[i] = alpha_s[lane * Vec::kSize + i], delta[i] = delta_s[lane * Vec::kSize + i];
     const int64_t row_begin = chunk * p.rows_per_chunk;
     const int64_t row_end = min(p.M, row_begin + p.rows_per_chunk);
-    for (int64_t r = row_begin + row_in_pass; r < row_end; r += kRowsPerPass * kUnroll) {
+    const int64_t last_pass = row_begin + (row_end - row_begin - 1) / kPassRows * kPassRows;
+    for (int64_t r = (kLastRowsFirst ? last_pass : row_begin) + row_in_pass;
+         kLastRowsFirst ? r >= row_begin : r < row_end; r += kLastRowsFirst ? -kPassRows : kPassRows) {
       Vec v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -237,8 +246,9 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
 
 // finish_normalize: [phase 0 (partials from y), grid barrier,] phase 1 (column statistics), grid barrier, phase 2
 // (normalize). Cooperative launch.
-template <class T, bool kFromY = false>
+template <class T, bool kFromY = false, bool kLastRowsFirst = false>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
+  static_assert(kFromY || !kLastRowsFirst, "rows last first: the y-pass variant's experiment");
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
   if constexpr (kFromY) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && p.batches_tracked != nullptr) ++*p.batches_tracked;  // the GEMM did not
@@ -251,7 +261,7 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
     default: merge_column_statistics<16>(p, lane_s1, lane_s2); break;
   }
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
-  normalize_rows(p);
+  normalize_rows<T, kLastRowsFirst>(p);
 }
 
 }  // namespace
@@ -287,7 +297,7 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
   return Status::success();
 }
 
-template <class T, bool kFromY>
+template <class T, bool kFromY, bool kLastRowsFirst = false>
 Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   WorkItems work{};
   int max_blocks = 0;
@@ -304,7 +314,8 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
                     a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns,
                     work.stripes, work.rows_per_chunk, static_cast<int>(work.items)};
   void* kernel_args[] = {&p};
-  cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&finish_normalize_kernel<T, kFromY>),
+  constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kLastRowsFirst>;
+  cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel),
                                               dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
   return Status::from_cuda(e, "launching finish_normalize (cooperative)");
 }
@@ -327,7 +338,11 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_normalize_check(a); !s) return s;
   return with_element_type(a.dtype, [&](auto element) -> Status {
     using T = decltype(element);
-    return a.partials_from_y ? launch_finish<T, true>(a, stream) : launch_finish<T, false>(a, stream);
+    if (!a.partials_from_y) return launch_finish<T, false>(a, stream);
+    // The experiment's switch, read per call (A/B runs); its variant has the y-pass variant's occupancy (ptxas).
+    const char* last_rows_first = std::getenv("GEMMBN_Y_PASS_LAST_ROWS_FIRST");
+    if (last_rows_first && last_rows_first[0] == '1') return launch_finish<T, true, true>(a, stream);
+    return launch_finish<T, true>(a, stream);
   });
 }
 
