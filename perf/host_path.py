@@ -38,6 +38,8 @@ class StubOperators(types.SimpleNamespace):
         super().__init__(calls={"train_forward": 0, "eval_forward": 0, "batch_norm_backward": 0})
         self.mn, self.n = torch.empty(M, N, dtype=dtype), torch.empty(N, dtype=dtype)
         self.stats = torch.empty(N)
+        # batch_norm_backward's dz^T and dz's row and column maxima (float32 "highest" asks for them)
+        self.transposed = torch.empty(N, -(-M // 4) * 4), torch.empty(M, dtype=torch.int32), torch.empty(N, dtype=torch.int32)
 
     def train_forward(self, *args) -> tuple[torch.Tensor, ...]:
         self.calls["train_forward"] += 1
@@ -49,7 +51,7 @@ class StubOperators(types.SimpleNamespace):
 
     def batch_norm_backward(self, *args) -> tuple[torch.Tensor, ...]:
         self.calls["batch_norm_backward"] += 1
-        return self.mn, self.n, self.n, self.n, self.n
+        return self.mn, self.n, self.n, self.n, self.n, *self.transposed
 
 
 def install_stub(M: int, N: int, dtype: torch.dtype) -> StubOperators:
