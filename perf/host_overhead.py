@@ -1,6 +1,7 @@
 """Host (CPU) time per training forward at a small shape, where the host, not the GPU, sets the pace.
 
     python perf/host_overhead.py [--size M K N] [--dtype float32|bfloat16] [--calls 2000] [--profile] [--launch]
+                                 [--mark]
 
 For gemmbn, eager and torch.compile: wall time of `calls` forwards issued back to back with one
 synchronization at the end, divided by `calls`. While the GPU work per forward is shorter than the
@@ -12,6 +13,9 @@ time of the forward's operator call alone, beside the single-kernel calls (gemmb
 idle GPU (issue 17's "call to the GEMM's launch"): the median gap between a torch.profiler mark around the call and
 the first CUDA launch API call inside it. The profiler's own cost per recorded op inflates it (eager's ops and
 gemmbn's allocations are recorded), so it is an upper bound.
+--mark adds gemmbn's host time from a call's start to the moment its GEMM is enqueued, with no profiler: the native
+side notes CLOCK_MONOTONIC after each GEMM launch (gemmbn.debug.last_gemm_launch_ns), the call's start is read from
+the same clock; synchronized calls, median (issue 17's ≤ 15 µs target).
 """
 
 from __future__ import annotations
@@ -116,6 +120,24 @@ def call_to_first_event_us(fn, calls: int, is_first, activities=(ProfilerActivit
     return statistics.median(gaps)
 
 
+def call_to_gemm_launch_us(fn, calls: int) -> float:
+    """Median host us from the start of a call of fn to its last GEMM's enqueueing (the native side's mark on the same
+    CLOCK_MONOTONIC), over `calls` calls that each start on an idle GPU."""
+    for _ in range(5):
+        fn()
+    gaps = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        fn()
+        launched = debug.last_gemm_launch_ns()
+        if launched < start:
+            raise RuntimeError("the call launched no GEMM (the fused path was not taken?)")
+        gaps.append((launched - start) / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(gaps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(128, 1024, 512), metavar=("M", "K", "N"))
@@ -123,6 +145,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--launch", action="store_true", help="host us from a call to its first kernel launch")
+    parser.add_argument("--mark", action="store_true", help="gemmbn's host us from a call to its GEMM's enqueueing")
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
@@ -140,6 +163,9 @@ def main() -> None:
                              ("compile", lambda: compiled(x))):  # fmt: skip
                 gap = call_to_first_event_us(fn, 200, lambda event: event.startswith(LAUNCH_API_PREFIXES))
                 print(f"    {name:8s} {gap:7.1f} us")
+        if args.mark:
+            gap = call_to_gemm_launch_us(lambda: drop_in(x), 500)
+            print(f"  gemmbn: from a call's start to its GEMM enqueued (synchronized calls, no profiler) {gap:.1f} us")
         if args.profile:
             print_profile(lambda: drop_in(x), args.calls, rows=15)
             torch.cuda.synchronize()

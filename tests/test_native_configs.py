@@ -2,6 +2,7 @@
 are built, CI too)."""
 
 import pytest
+import torch
 
 from gemmbn import _native
 from gemmbn import debug
@@ -207,3 +208,17 @@ def test_statistics_source_rule(monkeypatch):
         for dtype in ("float32", "bfloat16", "float16"):
             assert debug.train_statistics_from_y(dtype, M, N, K) == expected, (dtype, M, K, N)
         assert not debug.train_statistics_from_y("float32", M, N, K, split=True), (M, K, N)
+
+
+def test_the_native_clock_is_pythons_monotonic_clock():
+    """last_gemm_launch_ns (perf/host_overhead.py --mark) is compared with time.clock_gettime_ns(CLOCK_MONOTONIC):
+    the native reading lies between two Python readings around it; and no GEMM has run in this CPU process."""
+    import time
+
+    for _ in range(100):
+        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        native = debug.monotonic_ns()
+        after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        assert before <= native <= after
+    if not torch.cuda.is_available():
+        assert debug.last_gemm_launch_ns() == 0

@@ -108,6 +108,26 @@ def test_train_forward_matches_float64(dtype):
     assert relative_error(invstd, torch.rsqrt(var64 + 1e-5)) <= output_tolerance(dtype, precision).limit
 
 
+def test_the_gemm_launch_mark_falls_inside_the_call():
+    """debug.last_gemm_launch_ns (perf/host_overhead.py --mark) is read on Python's CLOCK_MONOTONIC between a call's
+    start and end, and moves with every call that launches a GEMM; a refused call leaves it where it was."""
+    import time
+
+    from gemmbn import debug
+
+    args = _train_arguments(torch.bfloat16)
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        _op("train_forward")(*args)
+        end = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        assert start <= debug.last_gemm_launch_ns() <= end
+    before = debug.last_gemm_launch_ns()
+    with pytest.raises(RuntimeError, match="gemmbn:"):
+        _op("train_forward")(args[0][:, :-1], *args[1:])  # K off by one against the weight: refused
+    assert debug.last_gemm_launch_ns() == before
+
+
 def test_a_side_stream_and_a_cuda_graph_get_the_launches():
     """The operators launch on torch's current stream: on a side stream the results equal the default stream's,
     and a CUDA graph captures them (a launch on another stream would fail the capture) and replays them."""

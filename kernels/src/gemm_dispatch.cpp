@@ -1,4 +1,7 @@
 // Validation, configuration choice and per-type dispatch of the fused GEMM; device queries.
+#include <time.h>
+
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -14,6 +17,8 @@ namespace gemmbn {
 namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+std::atomic<int64_t> last_gemm_launch{0};  // last_gemm_launch_ns's value
 
 }  // namespace
 
@@ -166,19 +171,29 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   }
   int row = 0;
   if (Status s = resolve_row(args, operands, row); !s) return s;
+  Status launched = Status::invalid("unknown operand types");
   switch (operands) {
-    case GemmOperands::tf32: return run_row<GemmOperands::tf32>(row, args, stream);
-    case GemmOperands::bf16: return run_row<GemmOperands::bf16>(row, args, stream);
-    case GemmOperands::f16: return run_row<GemmOperands::f16>(row, args, stream);
+    case GemmOperands::tf32: launched = run_row<GemmOperands::tf32>(row, args, stream); break;
+    case GemmOperands::bf16: launched = run_row<GemmOperands::bf16>(row, args, stream); break;
+    case GemmOperands::f16: launched = run_row<GemmOperands::f16>(row, args, stream); break;
     case GemmOperands::f32_split: {
       // x's per-row scales first: the split mainloop reads them with each stage.
-      const Status scaled =
+      launched =
           row_scales({static_cast<const float*>(args.x), args.M, args.K, args.x_scale, args.x_row_max_bits}, stream);
-      if (!scaled) return scaled;
-      return run_row<GemmOperands::f32_split>(row, args, stream);
+      if (launched) launched = run_row<GemmOperands::f32_split>(row, args, stream);
+      break;
     }
   }
-  return Status::invalid("unknown operand types");
+  if (launched) last_gemm_launch.store(monotonic_ns(), std::memory_order_relaxed);
+  return launched;
+}
+
+int64_t last_gemm_launch_ns() { return last_gemm_launch.load(std::memory_order_relaxed); }
+
+int64_t monotonic_ns() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return int64_t(now.tv_sec) * 1000000000 + now.tv_nsec;
 }
 
 cudaError_t current_device_info(int& device, int& sm_count) {

@@ -61,6 +61,17 @@ def train_statistics_from_y(dtype: str, M: int, N: int, K: int, split: bool = Fa
     return _ops().train_statistics_from_y(dtype, M, N, K, split)
 
 
+def last_gemm_launch_ns() -> int:
+    """time.clock_gettime_ns(time.CLOCK_MONOTONIC) as it read when this process's last GEMM had been enqueued (0: none
+    yet): a call's host time to its GEMM's launch is this minus the clock at the call's start."""
+    return _ops().last_gemm_launch_ns()
+
+
+def monotonic_ns() -> int:
+    """The native side's reading of CLOCK_MONOTONIC now (the clock of last_gemm_launch_ns)."""
+    return _ops().monotonic_ns()
+
+
 def gemm_configs(dtype: str, split: bool = False) -> list[dict[str, int]]:
     """The configuration table (kernels/include/gemmbn/configs.h), one dict of CONFIG_FIELDS per row."""
     ops = _ops()

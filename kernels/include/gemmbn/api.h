@@ -253,6 +253,12 @@ struct FoldEvalAffineArgs {
 };
 Status fold_eval_affine(const FoldEvalAffineArgs& args, cudaStream_t stream);
 
+// The host clock (CLOCK_MONOTONIC, ns) when this process's last gemm_scale_stats call had enqueued its GEMM (0: none
+// yet), and that clock now: how long a call's host path takes to launch its GEMM, without a profiler
+// (perf/host_overhead.py --mark).
+int64_t last_gemm_launch_ns();
+int64_t monotonic_ns();
+
 // True where the device can run the kernels (sm90); otherwise the reason.
 Status device_support(int device);
 
