@@ -238,6 +238,27 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
     assert torch.equal(model.bn.running_var, second.bn.running_var)
 
 
+@pytest.mark.parametrize("fold", ["0", "1"], ids=["gamma-beta-fold", "bias-scale-folded-too"])
+@pytest.mark.parametrize(("dtype", "precision", "shape"), MID_CASES)
+def test_eval_folds_match_float64(fold, dtype, precision, shape, monkeypatch):
+    """Eval against float64 with running statistics unlike the batch's, every seventh scale 0, and the
+    GEMMBN_EVAL_FOLD_BIAS_SCALE experiment (the eval operator folds bias and scale into the gain and shift, the GEMM
+    runs without them; read per call) off and on."""
+    monkeypatch.setenv("GEMMBN_EVAL_FOLD_BIAS_SCALE", fold)
+    M, K, N = shape
+    model = _model(dtype, precision, K, N)
+    with torch.no_grad():
+        model.scale[3::7] = 0
+        model.bn.running_mean.normal_()
+        model.bn.running_var.uniform_(0.5, 2.0)
+    model.eval()
+    x = _x(M, K, dtype)
+    out64, _ = float64_forward(model, x)
+    with fused_path(), torch.no_grad():
+        out = model(x)
+    _assert_close_to_float64(out, out64, dtype, precision, f"eval output (fold {fold})", M)
+
+
 @pytest.mark.parametrize(("dtype", "precision", "shape"), MID_CASES)
 def test_bitwise_deterministic(dtype, precision, shape):
     """No atomics: the same inputs give the same bits, outputs and running statistics alike."""

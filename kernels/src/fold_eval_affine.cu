@@ -5,16 +5,25 @@
 namespace gemmbn {
 namespace {
 
-// gain[n] = gamma[n] / sqrt(running_var[n] + eps),  shift[n] = beta[n] - running_mean[n] gain[n]
+// gain[n] = g[n],  shift[n] = beta[n] - running_mean[n] g[n],   g = gamma / sqrt(running_var + eps)
+// and with the bias b and scale s folded in (the experiment):  gain[n] = s[n] g[n],  shift[n] = beta[n] + (b[n] s[n] -
+// running_mean[n]) g[n];  in fp64, rounded once to fp32.
 template <class T>
 __global__ void fold_eval_affine_kernel(FoldEvalAffineArgs a) {
   const int n = blockIdx.x * blockDim.x + threadIdx.x;
   if (n >= a.N) return;
-  const double gain = load_or(static_cast<const T*>(a.gamma), n, 1.0) /
-                      sqrt(static_cast<double>(to_float(static_cast<const T*>(a.running_var)[n])) + a.eps);
-  a.gain[n] = static_cast<float>(gain);
-  a.shift[n] = static_cast<float>(load_or(static_cast<const T*>(a.beta), n, 0.0) -
-                                  to_float(static_cast<const T*>(a.running_mean)[n]) * gain);
+  const double g = load_or(static_cast<const T*>(a.gamma), n, 1.0) /
+                   sqrt(static_cast<double>(to_float(static_cast<const T*>(a.running_var)[n])) + a.eps);
+  const double beta = load_or(static_cast<const T*>(a.beta), n, 0.0);
+  const double mean = to_float(static_cast<const T*>(a.running_mean)[n]);
+  if (a.bias == nullptr && a.scale == nullptr) {
+    a.gain[n] = static_cast<float>(g);
+    a.shift[n] = static_cast<float>(beta - mean * g);
+    return;
+  }
+  const double s = load_or(static_cast<const T*>(a.scale), n, 1.0), b = load_or(static_cast<const T*>(a.bias), n, 0.0);
+  a.gain[n] = static_cast<float>(s * g);
+  a.shift[n] = static_cast<float>(beta + (b * s - mean) * g);
 }
 
 }  // namespace

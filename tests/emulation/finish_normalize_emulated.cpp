@@ -137,36 +137,40 @@ bool check(const char* dtype, const Case& c, Source source) {
   return ok;
 }
 
-// fold_eval_affine against its fp64 definition: one rounding to fp32 each.
+// fold_eval_affine against its fp64 definition: one rounding to fp32 each; plain, and with the linear layer's bias
+// and scale folded in too (the GEMMBN_EVAL_FOLD_BIAS_SCALE experiment; every seventh scale 0, half negative).
 template <class T>
 bool check_fold(const char* dtype) {
   constexpr int N = 520, kBlock = 256;
   std::mt19937_64 rng(99);
   std::normal_distribution<double> normal;
-  std::vector<T> gamma(N), beta(N), mean(N), var(N);
+  std::vector<T> gamma(N), beta(N), mean(N), var(N), bias(N), scale(N);
   for (int n = 0; n < N; ++n) {
     gamma[n] = from_float<T>(float(1 + 0.2 * normal(rng))), beta[n] = from_float<T>(float(normal(rng)));
     mean[n] = from_float<T>(float(3 + normal(rng))), var[n] = from_float<T>(float(0.5 + std::fabs(normal(rng))));
+    bias[n] = from_float<T>(float(2 * normal(rng)));
+    scale[n] = from_float<T>(n % 7 == 3 ? 0.f : float((n % 2 ? 1 : -1) * (0.25 + std::fabs(normal(rng)))));
   }
   double worst = 0;
-  {
+  for (bool folded : {false, true}) {
     std::vector<float> gain(N, NAN), shift(N, NAN);
     const DType dtype_of_t = sizeof(T) == 4 ? DType::f32 : std::is_same_v<T, __half> ? DType::f16 : DType::bf16;
     FoldEvalAffineArgs a{dtype_of_t, N, gamma.data(), beta.data(), mean.data(), var.data(), 1e-5, gain.data(),
-                         shift.data()};
+                         shift.data(), folded ? bias.data() : nullptr, folded ? scale.data() : nullptr};
     for (unsigned block = 0; block * kBlock < N; ++block) {
       emulation::run_block(kBlock, [&a] { fold_eval_affine_kernel<T>(a); }, block);
     }
     for (int n = 0; n < N; ++n) {
       const double g = to_float(gamma[n]) / std::sqrt(double(to_float(var[n])) + 1e-5);
-      const double expected_gain = g, expected_shift = to_float(beta[n]) - to_float(mean[n]) * g;
-      const double terms = std::fabs(to_float(mean[n]) * g) + std::fabs(to_float(beta[n]));
+      const double s = folded ? to_float(scale[n]) : 1.0, b = folded ? to_float(bias[n]) : 0.0;
+      const double expected_gain = s * g, expected_shift = to_float(beta[n]) + (b * s - to_float(mean[n])) * g;
+      const double terms = std::fabs(b * s * g) + std::fabs(to_float(mean[n]) * g) + std::fabs(to_float(beta[n]));
       worst = std::max({worst, std::isnan(gain[n] + shift[n]) ? 1e30 : std::fabs(gain[n] - expected_gain) /
                                                                            (2 * kFp32 * std::fabs(expected_gain) + 1e-30),
                         std::fabs(shift[n] - expected_shift) / (2 * kFp32 * (std::fabs(expected_shift) + 1e-6 * terms))});
     }
   }
-  std::printf("%-4s %-9s fold_eval_affine: errors / bounds %.3f\n",
+  std::printf("%-4s %-9s fold_eval_affine (plain and with bias and scale): errors / bounds %.3f\n",
               worst <= 1 ? "ok" : "FAIL", dtype, worst);
   return worst <= 1;
 }

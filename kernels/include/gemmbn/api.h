@@ -250,6 +250,11 @@ struct FoldEvalAffineArgs {
   double eps = 1e-5;
   float* gain = nullptr;
   float* shift = nullptr;
+  // Optional (null: b = 0, s = 1): the linear layer's bias b and scale s folded in too, gain = s gamma / sqrt(var + eps),
+  // shift = beta + (b s - running_mean) gamma / sqrt(var + eps), for a GEMM then run without bias and scale
+  // (GEMMBN_EVAL_FOLD_BIAS_SCALE=1 in the eval operator: an experiment, perf/NOTES.md v17).
+  const void* bias = nullptr;
+  const void* scale = nullptr;
 };
 Status fold_eval_affine(const FoldEvalAffineArgs& args, cudaStream_t stream);
 
