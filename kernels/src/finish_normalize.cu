@@ -307,14 +307,22 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   // each block would otherwise merge several column groups one after another.
   const int merge_columns = merge_columns_for(a.N);
   const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
-  const int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
+  int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
+  constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kLastRowsFirst>;
+  if constexpr (kLastRowsFirst) {  // the experiment's variant: its own occupancy bounds the cooperative grid (the work
+    int resident = 0;              // items, finish_partial_rows's, stay the y pass's; blocks loop over any excess)
+    if (cudaError_t e = resident_blocks<kernel>(kThreads, resident); e != cudaSuccess) {
+      return Status::from_cuda(e, "querying finish_normalize's occupancy");
+    }
+    if (resident < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
+    blocks = std::min(blocks, resident);
+  }
   FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
                     static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
                     static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
                     a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns,
                     work.stripes, work.rows_per_chunk, static_cast<int>(work.items)};
   void* kernel_args[] = {&p};
-  constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kLastRowsFirst>;
   cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel),
                                               dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
   return Status::from_cuda(e, "launching finish_normalize (cooperative)");
