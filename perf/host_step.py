@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 
 import torch
-from train_step import CONFIGS, _models, _step
+from train_step import CONFIGS, _problem, _step
 
 from gemmbn import backward, fused
 
@@ -52,11 +52,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args()
     M, K, N = args.size
-    dtype, precision = CONFIGS[args.config]
-    torch.set_float32_matmul_precision(precision)
-    models = _models(M, K, N, dtype, args.providers.split(","))
-    x = torch.rand(M, K, device="cuda", dtype=dtype, requires_grad=True)
-    dout = torch.randn(M, N, device="cuda", dtype=dtype)
+    models, x, dout = _problem(M, K, N, args.config, args.providers.split(","))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {M}x{K}->{N} {args.config}, host time in us")
     calls: dict[str, list[float]] = defaultdict(list)
     _timed_calls(calls)

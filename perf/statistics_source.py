@@ -67,7 +67,8 @@ def main() -> None:
             if not args.no_compile:
                 fns["compile"] = _with_source(compiled, x, None)
             times = timing.interleaved_ms(list(fns.values()), device, iters=args.iters, flush=flush)
-            os.environ.pop(SOURCE, None), os.environ.pop(LAST_ROWS_FIRST, None)
+            for variable in (SOURCE, LAST_ROWS_FIRST):
+                os.environ.pop(variable, None)
             median = {name: statistics.median(t) for name, t in zip(fns, times)}
             picks = "y" if debug.train_statistics_from_y(str(dtype).removeprefix("torch."), M, N, K) else "epilogue"
             rows.append({"M": M, "K": K, "N": N, "config": config, **{f"{k}_ms": f"{v:.4f}" for k, v in median.items()},

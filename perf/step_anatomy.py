@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from train_step import CONFIGS, _models, _step
+from train_step import CONFIGS, _problem, _step
 
 
 def _kernels_per_step(fn, iters: int) -> dict[str, tuple[float, float]]:
@@ -42,12 +42,7 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     args = parser.parse_args()
     M, K, N = args.size
-    dtype, precision = CONFIGS[args.config]
-    torch.set_float32_matmul_precision(precision)
-    providers = args.providers.split(",")
-    models = _models(M, K, N, dtype, providers)
-    x = torch.rand(M, K, device="cuda", dtype=dtype, requires_grad=True)
-    dout = torch.randn(M, N, device="cuda", dtype=dtype)
+    models, x, dout = _problem(M, K, N, args.config, args.providers.split(","))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {M}x{K}->{N} {args.config}, training step")
     for provider, module in models.items():
         kernels = _kernels_per_step(_step(module, x, dout, None), args.iters)

@@ -88,6 +88,16 @@ def _models(M: int, K: int, N: int, dtype: torch.dtype, providers: list[str]) ->
     return models
 
 
+def _problem(M: int, K: int, N: int, config: str, providers: list[str]) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """(provider -> model, x requiring its gradient, a fixed random cotangent) of a training step at M x K -> N in
+    config, with PyTorch's float32 matmul precision set to the config's."""
+    dtype, precision = CONFIGS[config]
+    torch.set_float32_matmul_precision(precision)
+    models = _models(M, K, N, dtype, providers)
+    x = torch.rand(M, K, device="cuda", dtype=dtype, requires_grad=True)
+    return models, x, torch.randn(M, N, device="cuda", dtype=dtype)
+
+
 def _step(module, x: torch.Tensor, dout: torch.Tensor, optimizer):
     """One training step (optimizer None: forward and backward only); x requires its gradient."""
     def run():
@@ -109,14 +119,10 @@ def _peak_mib(fn) -> float:
 
 
 def measure(M, K, N, config, modes, providers, iters, flush, sync) -> list[dict]:
-    dtype, precision = CONFIGS[config]
-    torch.set_float32_matmul_precision(precision)
     # Every compiled copy shares ReferenceModel.forward's code: without a reset, the ninth (shape, config)
     # meets dynamo's recompile limit and runs eagerly under the "compile" name.
     torch._dynamo.reset()
-    models = _models(M, K, N, dtype, providers)
-    x = torch.rand(M, K, device="cuda", dtype=dtype, requires_grad=True)
-    dout = torch.randn(M, N, device="cuda", dtype=dtype)
+    models, x, dout = _problem(M, K, N, config, providers)
     rows = []
     for mode in modes:
         steps = {}

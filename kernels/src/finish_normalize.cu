@@ -285,14 +285,21 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
 
 namespace {
 
+// The blocks of a finish_normalize variant resident at once: the most its cooperative launch may have.
+template <auto kernel>
+Status finish_resident_blocks(int& blocks) {
+  if (cudaError_t e = resident_blocks<kernel>(kThreads, blocks); e != cudaSuccess) {
+    return Status::from_cuda(e, "querying finish_normalize's occupancy");
+  }
+  if (blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
+  return Status::success();
+}
+
 // The launch's work items over the variant's resident blocks (phase 0's chunks are phase 2's).
 template <class T, bool kFromY>
 Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
   constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
-  if (cudaError_t e = resident_blocks<&finish_normalize_kernel<T, kFromY>>(kThreads, max_blocks); e != cudaSuccess) {
-    return Status::from_cuda(e, "querying finish_normalize's occupancy");
-  }
-  if (max_blocks < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
+  if (Status s = finish_resident_blocks<&finish_normalize_kernel<T, kFromY>>(max_blocks); !s) return s;
   work = work_items(M, N, kCols, max_blocks, kRowsPerPass * kUnroll);
   return Status::success();
 }
@@ -311,10 +318,7 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kLastRowsFirst>;
   if constexpr (kLastRowsFirst) {  // the experiment's variant: its own occupancy bounds the cooperative grid (the work
     int resident = 0;              // items, finish_partial_rows's, stay the y pass's; blocks loop over any excess)
-    if (cudaError_t e = resident_blocks<kernel>(kThreads, resident); e != cudaSuccess) {
-      return Status::from_cuda(e, "querying finish_normalize's occupancy");
-    }
-    if (resident < 1) return Status::from_cuda(cudaErrorLaunchOutOfResources, "finish_normalize does not fit");
+    if (Status s = finish_resident_blocks<kernel>(resident); !s) return s;
     blocks = std::min(blocks, resident);
   }
   FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,

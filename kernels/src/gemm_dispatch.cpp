@@ -20,6 +20,11 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 std::atomic<int64_t> last_gemm_launch{0};  // last_gemm_launch_ns's value
 
+// The shape rules' measures: a wave is 132 SMs on an H100/H200; short K is where a mainloop leaves each tile's fixed
+// cost exposed; problems are counted in 128x128 output tiles.
+constexpr int kWave = 132, kShortK = 1024;
+int64_t tiles_128(int M, int N) { return ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128); }
+
 }  // namespace
 
 #ifndef GEMMBN_TF32_ROWS
@@ -40,11 +45,11 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // 1x2-cluster row.
 // The split GEMM has one tile shape: fewer tiles than a wave with K past kShortK take its stream-K row.
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
-  constexpr int kWave = 132, kShortK = 1024, kShortM = 2048, kFewRows = 512;
+  constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
   constexpr int kTf32StreamK = 4, kLongK = 4096, kShorterK = 512, kSplitStreamK = 1;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
-  const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
+  const int64_t tiles = tiles_128(M, N);
   if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
   if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
   if (tf32 && tiles > 64 && tiles < kWave && K > kLongK) return kTf32StreamK;
@@ -67,9 +72,7 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
     return forced[0] == 'y';
   }
-  constexpr int kWave = 132, kShortK = 1024;
-  const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
-  return operands != GemmOperands::f32_split && K <= kShortK && tiles > 2 * kWave;
+  return operands != GemmOperands::f32_split && K <= kShortK && tiles_128(M, N) > 2 * kWave;
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }

@@ -154,6 +154,12 @@ Tensor linear_scale(Tensor x, Tensor weight, OptionalTensor bias, OptionalTensor
   return y;
 }
 
+// The split GEMM's operand pair for `rows` rows reduced over `k`: fp16 hi/lo [rows, split_weight_columns(k)] and the
+// float32 unscale [rows] (split_weight's and split_columns's outputs).
+std::tuple<Tensor, Tensor> empty_split(const Tensor& like, int rows, int k) {
+  return {empty(like, {rows, gemmbn::split_weight_columns(k)}, ScalarType::Half), empty(like, {rows}, ScalarType::Float)};
+}
+
 // (weight_split, weight_unscale): W [N, K] float32 as the fp32-faithful GEMM's operand (api.h: split_weight).
 std::tuple<Tensor, Tensor> split_weight(Tensor weight) {
   const Problem p = problem_of(weight, "weight");
@@ -162,8 +168,7 @@ std::tuple<Tensor, Tensor> split_weight(Tensor weight) {
   a.N = checked_int(weight.size(0), "N");
   a.K = checked_int(weight.size(1), "K");
   weight = readable(weight, "weight", p, ScalarType::Float, {a.N, a.K});
-  Tensor weight_split = empty(weight, {a.N, gemmbn::split_weight_columns(a.K)}, ScalarType::Half);
-  Tensor weight_unscale = empty(weight, {a.N}, ScalarType::Float);
+  auto [weight_split, weight_unscale] = empty_split(weight, a.N, a.K);
   a.weight = static_cast<const float*>(weight.data_ptr());
   a.weight_split = weight_split.data_ptr();
   a.weight_unscale = static_cast<float*>(weight_unscale.data_ptr());
@@ -180,8 +185,7 @@ std::tuple<Tensor, Tensor> split_columns(Tensor t) {
   a.R = checked_int(t.size(0), "R");
   a.C = checked_int(t.size(1), "C");
   t = readable(t, "t", p, ScalarType::Float, {a.R, a.C});
-  Tensor split = empty(t, {a.C, gemmbn::split_weight_columns(a.R)}, ScalarType::Half);
-  Tensor unscale = empty(t, {a.C}, ScalarType::Float);
+  auto [split, unscale] = empty_split(t, a.C, a.R);
   Tensor column_max = empty(t, {a.C}, ScalarType::Float);  // C 32-bit words of scratch (the maxima's bits)
   a.t = static_cast<const float*>(t.data_ptr());
   a.column_max_bits = static_cast<unsigned*>(column_max.data_ptr());
