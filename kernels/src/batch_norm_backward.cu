@@ -234,6 +234,14 @@ __device__ void write_dz(BackwardParams<T> const& p) {
   __shared__ float staged[kBuffers][kStaged];                         // a pass of dz, then the column maxima
   __shared__ float row_maxima[kBuffers][kRowsPerPass][kLanesPerRow];  // per warp, of its staged columns
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
+  // kTransposed: warp 0 merges the 8 warps' maxima of a staged pass's rows (rows row0 + lane, in `buffer`), one
+  // atomicMax per row before row_end.
+  auto merge_row_maxima = [&](int buffer, int64_t row0, int64_t row_end) {
+    if (threadIdx.x >= kLanesPerRow) return;
+    float m = row_maxima[buffer][0][lane];
+    for (int w = 1; w < kRowsPerPass; ++w) m = fmaxf(m, row_maxima[buffer][w][lane]);
+    if (row0 + lane < row_end) atomicMax(p.dz_row_max_bits + row0 + lane, __float_as_uint(m));
+  };
   const bool with_y = p.y != nullptr, with_sums = p.dscale != nullptr;
   const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
   const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
@@ -299,12 +307,7 @@ __device__ void write_dz(BackwardParams<T> const& p) {
       for (int i = 0; i < V; ++i) sums[0][i] += pass_sums[i];
       if constexpr (kTransposed) {
         __syncthreads();  // the pass is staged; the other buffer's readers (the previous pass) are done
-        if (pass != passes - 1 && threadIdx.x < kLanesPerRow) {  // the previous pass's rows: the warps' maxima
-          const int64_t row = pass_row0 + kPassRows + lane;
-          float m = row_maxima[(pass + 1) & 1][0][lane];
-          for (int w = 1; w < kRowsPerPass; ++w) m = fmaxf(m, row_maxima[(pass + 1) & 1][w][lane]);
-          if (row < row_end) atomicMax(p.dz_row_max_bits + row, __float_as_uint(m));
-        }
+        if (pass != passes - 1) merge_row_maxima((pass + 1) & 1, pass_row0 + kPassRows, row_end);  // the previous pass's
         float row_max = 0.f;  // of dz row pass_row0 + lane over this warp's columns
 #pragma unroll 4
         for (int j = 0; j < kStagedColumnsPerWarp; ++j) {
@@ -319,12 +322,7 @@ __device__ void write_dz(BackwardParams<T> const& p) {
     }
     if constexpr (kTransposed) {
       __syncthreads();  // the last pass's row maxima and reads of staged are done
-      if (threadIdx.x < kLanesPerRow) {  // the first pass's rows (the loop runs them last)
-        const int64_t row = row_begin + lane;
-        float m = row_maxima[0][0][lane];
-        for (int w = 1; w < kRowsPerPass; ++w) m = fmaxf(m, row_maxima[0][w][lane]);
-        if (row < row_end) atomicMax(p.dz_row_max_bits + row, __float_as_uint(m));
-      }
+      merge_row_maxima(0, row_begin, row_end);  // the first pass's rows (the loop runs them last)
 #pragma unroll
       for (int i = 0; i < V; ++i) staged[0][row_in_pass * kCols + lane * V + i] = column_max[i];
       __syncthreads();
