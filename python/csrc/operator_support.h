@@ -216,6 +216,17 @@ class Scratch {
   char* base_ = nullptr;
 };
 
+// The split GEMM's B operand (split_weight's or split_columns's pair for a's N rows over K) checked and bound to a,
+// and x_scale's place reserved in `scratch` (returned; bind_scratch points a at it once allocated).
+inline size_t bind_split_operand(gemmbn::GemmScaleStatsArgs& a, const Tensor& split, const Tensor& unscale,
+                                 const char* split_name, const char* unscale_name, const Problem& p, Scratch& scratch) {
+  check(split, split_name, p, ScalarType::Half, {a.N, gemmbn::split_weight_columns(a.K)});
+  check(unscale, unscale_name, p, ScalarType::Float, {a.N});
+  a.weight_split = split.data_ptr();
+  a.weight_unscale = static_cast<const float*>(unscale.data_ptr());
+  return scratch.add(sizeof(float) * gemmbn::row_scale_count(a.M));
+}
+
 // gemm_scale_stats's arguments for y = (x W^T + b) s: x, weight, bias, scale and, for the fp32-faithful GEMM
 // (float32 with weight_split and weight_unscale: split_weight's output), the split weight and a fresh x_scale.
 // x_scale's place is reserved in `scratch` (*x_scale_at); bind_scratch points the arguments at it once allocated.
@@ -238,11 +249,7 @@ inline gemmbn::GemmScaleStatsArgs gemm_arguments(Tensor& x, Tensor& weight, Opti
   if (weight_split.has_value() != weight_unscale.has_value()) fail("weight_split and weight_unscale go together");
   if (weight_split) {
     if (p.dtype != ScalarType::Float) fail("weight_split (the fp32-faithful GEMM) needs float32 x");
-    check(*weight_split, "weight_split", p, ScalarType::Half, {a.N, gemmbn::split_weight_columns(a.K)});
-    check(*weight_unscale, "weight_unscale", p, ScalarType::Float, {a.N});
-    x_scale_at = scratch.add(sizeof(float) * gemmbn::row_scale_count(a.M));
-    a.weight_split = weight_split->data_ptr();
-    a.weight_unscale = static_cast<const float*>(weight_unscale->data_ptr());
+    x_scale_at = bind_split_operand(a, *weight_split, *weight_unscale, "weight_split", "weight_unscale", p, scratch);
   }
   return a;
 }

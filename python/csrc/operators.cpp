@@ -209,17 +209,13 @@ Tensor split_matmul(Tensor a, Tensor b_split, Tensor b_unscale, OptionalTensor a
   if (b_unscale.dim() != 1) fail("b_unscale must be 1-D, got shape " + shape_string(b_unscale));
   g.N = checked_int(b_unscale.size(0), "N");
   a = readable(a, "a", p, ScalarType::Float, {g.M, g.K});
-  check(b_split, "b_split", p, ScalarType::Half, {g.N, gemmbn::split_weight_columns(g.K)});
-  check(b_unscale, "b_unscale", p, ScalarType::Float, {g.N});
+  Scratch scratch;
+  const std::optional<size_t> x_scale_at = bind_split_operand(g, b_split, b_unscale, "b_split", "b_unscale", p, scratch);
   if (a_row_max) {
     check(*a_row_max, "a_row_max", p, ScalarType::Int, {g.M});
     g.x_row_max_bits = static_cast<const unsigned*>(a_row_max->data_ptr());
   }
   g.x = a.data_ptr();
-  g.weight_split = b_split.data_ptr();
-  g.weight_unscale = static_cast<const float*>(b_unscale.data_ptr());
-  Scratch scratch;
-  const std::optional<size_t> x_scale_at = scratch.add(sizeof(float) * gemmbn::row_scale_count(g.M));
   Tensor out = empty(a, {int64_t(g.M), int64_t(g.N)}, ScalarType::Float);
   g.y = out.data_ptr();
   const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
