@@ -13,9 +13,12 @@ time of the forward's operator call alone, beside the single-kernel calls (gemmb
 idle GPU (issue 17's "call to the GEMM's launch"): the median gap between a torch.profiler mark around the call and
 the first CUDA launch API call inside it. The profiler's own cost per recorded op inflates it (eager's ops and
 gemmbn's allocations are recorded), so it is an upper bound.
---mark adds gemmbn's host time from a call's start to the moment its GEMM is enqueued, with no profiler: the native
-side notes CLOCK_MONOTONIC after each GEMM launch (gemmbn.debug.last_gemm_launch_ns), the call's start is read from
-the same clock; synchronized calls, median (issue 17's ≤ 15 µs target).
+--mark adds, with no profiler, where gemmbn's host time goes before its GEMM runs: the native side notes
+CLOCK_MONOTONIC at three points (gemmbn.debug.host_mark_ns: the operator entered, the GEMM's checks done, the GEMM
+enqueued) and the call's start and return are read on the same clock; medians over calls that each start on an idle
+GPU (synchronized: KernelBench's case, issue 17's ≤ 15 µs target) and over calls back to back. Beside them, the same
+clock around eager's whole call and around a bare torch.mm of the same operands (one dispatcher call and one cuBLAS
+launch): the floor this host sets for any library's first launch.
 """
 
 from __future__ import annotations
@@ -120,22 +123,51 @@ def call_to_first_event_us(fn, calls: int, is_first, activities=(ProfilerActivit
     return statistics.median(gaps)
 
 
-def call_to_gemm_launch_us(fn, calls: int) -> float:
-    """Median host us from the start of a call of fn to its last GEMM's enqueueing (the native side's mark on the same
-    CLOCK_MONOTONIC), over `calls` calls that each start on an idle GPU."""
+def host_marks_us(fn, calls: int, synchronized: bool) -> list[float]:
+    """Median host us from the start of a call of fn to each of debug.HOST_MARKS and to its return, over `calls`
+    calls, each started on an idle GPU if synchronized, else back to back."""
     for _ in range(5):
         fn()
     gaps = []
     for _ in range(calls):
-        torch.cuda.synchronize()
+        if synchronized:
+            torch.cuda.synchronize()
         start = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         fn()
-        launched = debug.last_gemm_launch_ns()
-        if launched < start:
-            raise RuntimeError("the call launched no GEMM (the fused path was not taken?)")
-        gaps.append((launched - start) / 1e3)
+        end = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        marks = [debug.host_mark_ns(mark) for mark in debug.HOST_MARKS]
+        if not start <= marks[0] <= marks[-1] <= end:
+            raise RuntimeError("the call did not pass every host mark (the fused path was not taken?)")
+        gaps.append([(point - start) / 1e3 for point in (*marks, end)])
     torch.cuda.synchronize()
-    return statistics.median(gaps)
+    return [statistics.median(column) for column in zip(*gaps)]
+
+
+def call_us(fn, calls: int) -> float:
+    """Median host us of a call of fn that starts on an idle GPU (from its start to its return)."""
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - start) / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def print_host_marks(drop_in, reference, x, calls: int) -> None:
+    """--mark's table: gemmbn's host path split at its marks, beside eager's call and a bare torch.mm."""
+    print("  gemmbn's host path, us from the call's start (median; no profiler):")
+    print(f"    {'':14s} {'operator':>9s} {'GEMM checks':>12s} {'GEMM':>9s} {'return':>9s}")
+    print(f"    {'':14s} {'entered':>9s} {'done':>12s} {'enqueued':>9s} {'':>9s}")
+    for label, synchronized in (("synchronized", True), ("back to back", False)):
+        marks = host_marks_us(lambda: drop_in(x), calls, synchronized)
+        print(f"    {label:14s} {marks[0]:9.1f} {marks[1]:12.1f} {marks[2]:9.1f} {marks[3]:9.1f}")
+    weight_t = reference.gemm.weight.detach().t()
+    print(f"  synchronized call, start to return: eager {call_us(lambda: reference(x), calls):.1f} us, "
+          f"bare torch.mm(x, W^T) {call_us(lambda: torch.mm(x, weight_t), calls):.1f} us")
 
 
 def main() -> None:
@@ -145,7 +177,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--launch", action="store_true", help="host us from a call to its first kernel launch")
-    parser.add_argument("--mark", action="store_true", help="gemmbn's host us from a call to its GEMM's enqueueing")
+    parser.add_argument("--mark", action="store_true", help="gemmbn's host path split at its native marks")
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
@@ -164,8 +196,7 @@ def main() -> None:
                 gap = call_to_first_event_us(fn, 200, lambda event: event.startswith(LAUNCH_API_PREFIXES))
                 print(f"    {name:8s} {gap:7.1f} us")
         if args.mark:
-            gap = call_to_gemm_launch_us(lambda: drop_in(x), 500)
-            print(f"  gemmbn: from a call's start to its GEMM enqueued (synchronized calls, no profiler) {gap:.1f} us")
+            print_host_marks(drop_in, reference, x, 500)
         if args.profile:
             print_profile(lambda: drop_in(x), args.calls, rows=15)
             torch.cuda.synchronize()

@@ -211,8 +211,9 @@ def test_statistics_source_rule(monkeypatch):
 
 
 def test_the_native_clock_is_pythons_monotonic_clock():
-    """last_gemm_launch_ns (perf/host_overhead.py --mark) is compared with time.clock_gettime_ns(CLOCK_MONOTONIC):
-    the native reading lies between two Python readings around it; and no GEMM has run in this CPU process."""
+    """host_mark_ns (perf/host_overhead.py --mark) is compared with time.clock_gettime_ns(CLOCK_MONOTONIC): the
+    native reading lies between two Python readings around it; in a CPU process no mark has been passed, and an
+    unknown mark is refused."""
     import time
 
     for _ in range(100):
@@ -221,4 +222,6 @@ def test_the_native_clock_is_pythons_monotonic_clock():
         after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         assert before <= native <= after
     if not torch.cuda.is_available():
-        assert debug.last_gemm_launch_ns() == 0
+        assert [debug.host_mark_ns(mark) for mark in debug.HOST_MARKS] == [0, 0, 0]
+    with pytest.raises(ValueError, match="mark must be one of"):
+        debug.host_mark_ns("gemm")

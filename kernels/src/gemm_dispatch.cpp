@@ -18,7 +18,7 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-std::atomic<int64_t> last_gemm_launch{0};  // last_gemm_launch_ns's value
+std::atomic<int64_t> host_marks[kHostMarks] = {};  // host_mark_ns's values
 
 // The shape rules' measures: a wave is 132 SMs on an H100/H200; short K is where a mainloop leaves each tile's fixed
 // cost exposed; problems are counted in 128x128 output tiles.
@@ -174,6 +174,7 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   }
   int row = 0;
   if (Status s = resolve_row(args, operands, row); !s) return s;
+  note_host_mark(HostMark::gemm_launching);
   Status launched = Status::invalid("unknown operand types");
   switch (operands) {
     case GemmOperands::tf32: launched = run_row<GemmOperands::tf32>(row, args, stream); break;
@@ -187,11 +188,13 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
       break;
     }
   }
-  if (launched) last_gemm_launch.store(monotonic_ns(), std::memory_order_relaxed);
+  if (launched) note_host_mark(HostMark::gemm_enqueued);
   return launched;
 }
 
-int64_t last_gemm_launch_ns() { return last_gemm_launch.load(std::memory_order_relaxed); }
+void note_host_mark(HostMark mark) { host_marks[int(mark)].store(monotonic_ns(), std::memory_order_relaxed); }
+
+int64_t host_mark_ns(HostMark mark) { return host_marks[int(mark)].load(std::memory_order_relaxed); }
 
 int64_t monotonic_ns() {
   timespec now{};

@@ -68,7 +68,13 @@ bool train_statistics_from_y(std::string dtype, int64_t M, int64_t N, int64_t K,
 }
 
 // The host clock (CLOCK_MONOTONIC, ns) at this process's last GEMM launch (0: none yet), and now (api.h).
-int64_t last_gemm_launch_ns() { return gemmbn::last_gemm_launch_ns(); }
+// mark: a gemmbn::HostMark's number (0: the operator entered, 1: the GEMM's checks done, 2: the GEMM enqueued).
+int64_t host_mark_ns(int64_t mark) {
+  if (mark < 0 || mark >= gemmbn::kHostMarks) {
+    fail("mark must be 0 (operator entered), 1 (GEMM launching) or 2 (GEMM enqueued), got " + std::to_string(mark));
+  }
+  return gemmbn::host_mark_ns(static_cast<gemmbn::HostMark>(mark));
+}
 int64_t monotonic_ns() { return gemmbn::monotonic_ns(); }
 
 int64_t gemm_workspace_bytes(std::string dtype, int64_t M, int64_t N, int64_t K, int64_t config, bool split,
@@ -210,7 +216,7 @@ STABLE_TORCH_LIBRARY(gemmbn_debug, m) {
   m.def("gemm_selected_config(str dtype, int M, int N, int K, bool split, bool statistics) -> int");
   m.def("gemm_selected_splits(int M, int N) -> int");
   m.def("train_statistics_from_y(str dtype, int M, int N, int K, bool split) -> bool");
-  m.def("last_gemm_launch_ns() -> int");
+  m.def("host_mark_ns(int mark) -> int");
   m.def("monotonic_ns() -> int");
   m.def("gemm_workspace_bytes(str dtype, int M, int N, int K, int config, bool split, int splits, "
         "bool statistics) -> int");
@@ -235,7 +241,7 @@ STABLE_TORCH_LIBRARY_IMPL(gemmbn_debug, CompositeExplicitAutograd, m) {
   m.impl("gemm_selected_config", TORCH_BOX(&gemm_selected_config));
   m.impl("gemm_selected_splits", TORCH_BOX(&gemm_selected_splits));
   m.impl("train_statistics_from_y", TORCH_BOX(&train_statistics_from_y));
-  m.impl("last_gemm_launch_ns", TORCH_BOX(&last_gemm_launch_ns));
+  m.impl("host_mark_ns", TORCH_BOX(&host_mark_ns));
   m.impl("monotonic_ns", TORCH_BOX(&monotonic_ns));
   m.impl("gemm_workspace_bytes", TORCH_BOX(&gemm_workspace_bytes));
   m.impl("split_weight_columns", TORCH_BOX(&split_weight_columns));

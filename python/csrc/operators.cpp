@@ -22,6 +22,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
     OptionalTensor running_mean, OptionalTensor running_var, OptionalTensor num_batches_tracked,
     std::optional<double> momentum, double eps, OptionalTensor weight_split, OptionalTensor weight_unscale,
     bool keep_pre_norm) {
+  gemmbn::note_host_mark(gemmbn::HostMark::operator_entered);
   const Problem p = problem_of(x, "x");
   torch::stable::accelerator::DeviceGuard guard(p.device);
   Scratch scratch;
@@ -95,6 +96,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
 Tensor eval_forward(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, OptionalTensor gamma,
                     OptionalTensor beta, Tensor running_mean, Tensor running_var, double eps,
                     OptionalTensor weight_split, OptionalTensor weight_unscale) {
+  gemmbn::note_host_mark(gemmbn::HostMark::operator_entered);
   const Problem p = problem_of(x, "x");
   torch::stable::accelerator::DeviceGuard guard(p.device);
   Scratch scratch;

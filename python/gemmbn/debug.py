@@ -61,14 +61,21 @@ def train_statistics_from_y(dtype: str, M: int, N: int, K: int, split: bool = Fa
     return _ops().train_statistics_from_y(dtype, M, N, K, split)
 
 
-def last_gemm_launch_ns() -> int:
-    """time.clock_gettime_ns(time.CLOCK_MONOTONIC) as it read when this process's last GEMM had been enqueued (0: none
-    yet): a call's host time to its GEMM's launch is this minus the clock at the call's start."""
-    return _ops().last_gemm_launch_ns()
+HOST_MARKS = ("operator_entered", "gemm_launching", "gemm_enqueued")
+
+
+def host_mark_ns(mark: str) -> int:
+    """time.clock_gettime_ns(time.CLOCK_MONOTONIC) as it read when this process last passed a point of a forward's
+    host path (0: not yet): "operator_entered" (a forward operator began), "gemm_launching" (the GEMM's checks done,
+    its launch next) or "gemm_enqueued" (the GEMM launched). A call's host time to a point is its mark minus the
+    clock at the call's start (perf/host_overhead.py --mark)."""
+    if mark not in HOST_MARKS:
+        raise ValueError(f"mark must be one of {HOST_MARKS}, got {mark!r}")
+    return _ops().host_mark_ns(HOST_MARKS.index(mark))
 
 
 def monotonic_ns() -> int:
-    """The native side's reading of CLOCK_MONOTONIC now (the clock of last_gemm_launch_ns)."""
+    """The native side's reading of CLOCK_MONOTONIC now (the clock of host_mark_ns)."""
     return _ops().monotonic_ns()
 
 

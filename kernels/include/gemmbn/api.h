@@ -258,10 +258,13 @@ struct FoldEvalAffineArgs {
 };
 Status fold_eval_affine(const FoldEvalAffineArgs& args, cudaStream_t stream);
 
-// The host clock (CLOCK_MONOTONIC, ns) when this process's last gemm_scale_stats call had enqueued its GEMM (0: none
-// yet), and that clock now: how long a call's host path takes to launch its GEMM, without a profiler
-// (perf/host_overhead.py --mark).
-int64_t last_gemm_launch_ns();
+// Points on a forward's host path: the host clock (CLOCK_MONOTONIC, ns) when this process last passed each (0: not
+// yet), and that clock now. They split a call's host time before its GEMM runs without a profiler
+// (perf/host_overhead.py --mark): the operator entered, the GEMM's checks done, the GEMM enqueued.
+enum class HostMark : int { operator_entered = 0, gemm_launching = 1, gemm_enqueued = 2 };
+constexpr int kHostMarks = 3;
+void note_host_mark(HostMark mark);
+int64_t host_mark_ns(HostMark mark);
 int64_t monotonic_ns();
 
 // True where the device can run the kernels (sm90); otherwise the reason.
