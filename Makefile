@@ -10,13 +10,26 @@ export CUDACXX ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bi
 SHELL := bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: run test build ptxas-report config-report clean
+.PHONY: run test test-oldest-torch build ptxas-report config-report clean
 
 run: build
 	$(PY) -m gemmbn
 
 test: build
 	$(PY) -m pytest -q tests
+
+# The same built extension under the oldest torch its stable-ABI target admits (TORCH_TARGET_VERSION 2.10): the
+# installed package, .so included, copied out of .venv and imported by a venv of torch 2.10 (PyPI has only its CUDA
+# build: ~7 GB, ~1-2 min to install here; it runs on the CPU), then the test command's CPU tests. It caught a
+# compiled fallback that only 2.10's dynamo could not trace.
+OLDEST_TORCH ?= 2.10.0
+OLDEST_VENV := .venv-torch$(OLDEST_TORCH)
+test-oldest-torch: build
+	@test -x $(OLDEST_VENV)/bin/python || { $(PYTHON) -m venv $(OLDEST_VENV) && \
+	  $(OLDEST_VENV)/bin/python -m pip install -q "torch==$(OLDEST_TORCH)" numpy pytest matplotlib; }
+	rm -rf build/oldest-torch && mkdir -p build/oldest-torch && \
+	  cp -r "$$($(PY) -c 'import gemmbn, pathlib; print(pathlib.Path(gemmbn.__file__).parent)')" build/oldest-torch/
+	PYTHONPATH=build/oldest-torch $(OLDEST_VENV)/bin/python -m pytest -q -m "not gpu" -p no:cacheprovider tests
 
 # One line per compiled file (a GEMM translation unit takes ~1 min on 2 cores); the compiler command lines go to
 # build/pip.log, or to the console with `make build VERBOSE=1`. The log's tail is shown if the build fails.

@@ -51,7 +51,12 @@ _REFUSAL = "gemmbn: "
 
 
 class Refused(Exception):
-    """An operator refused its arguments (the message says why); nothing was launched or written."""
+    """An operator refused its arguments (the message says why); nothing was launched or written. Read the reason
+    as ``reason``: torch 2.10's dynamo cannot trace str() of an exception (its str is C), 2.11 and later can."""
+
+    @property
+    def reason(self) -> str:
+        return self.args[0]
 
 
 def call(operator, *args):

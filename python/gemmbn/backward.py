@@ -217,7 +217,7 @@ def linear_scale_bn_backward(
                 y = fused.linear_scale(x, weight, bias, scale, route)
             return _fused_grads(route, dout, x, weight, bias, scale, gamma, y, mean, invstd, batch_statistics, needs)
         except Refused as refusal:  # the operators checked the layout before running anything
-            warn_once(str(refusal))
+            warn_once(refusal.reason)
     if y is None and (needs[4] or batch_statistics):  # xhat is needed: y was not kept (eval), make it again
         y = linear_scale(x, weight, bias, scale)
     grad_y, dbeta, dgamma, sum_grad_y, sum_grad_y_y = _normalization_grads_reference(

@@ -80,7 +80,7 @@ def _train_impl(
             precision, keep_pre_norm,
         )  # fmt: skip
     except Refused as refusal:
-        warn_once(str(refusal))
+        warn_once(refusal.reason)
     with precision_mod.float32_matmul_precision(precision):
         return reference.linear_scale_batch_norm(
             x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
@@ -273,7 +273,7 @@ def _eval_impl(
     try:
         return _eval_native(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision)
     except Refused as refusal:
-        warn_once(str(refusal))
+        warn_once(refusal.reason)
     with precision_mod.float32_matmul_precision(precision):
         out, _, _, _ = reference.linear_scale_batch_norm(
             x, weight, bias, scale, gamma, beta, running_mean, running_var, None, False, None, eps
