@@ -4,10 +4,9 @@ epilogue and from finish_normalize's pass over y, side by side with eager and to
     python perf/statistics_source.py [--sizes "M K N;..."] [--configs tf32,bf16] [--iters 20] [--no-compile] [--out CSV]
 
 Both sources run the same module; the operator reads GEMMBN_STATISTICS_SOURCE per call (api.h:
-train_statistics_from_y), which each timed call sets first; a third candidate is the y pass with the
-GEMMBN_Y_PASS_LAST_ROWS_FIRST experiment on. Calls are interleaved in rotating rounds, back to back,
+train_statistics_from_y), which each timed call sets first. Calls are interleaved in rotating rounds, back to back,
 the L2 flushed before each (gemmbn.timing). Prints medians, the y pass's ratio to the epilogue, and what the rule
-(the variable unset) picks; the rule in kernels/src/gemm_dispatch.cpp is chosen from these tables (perf/NOTES.md v17).
+(the variable unset) picks; the rule in kernels/src/gemm_dispatch.cpp is chosen from these tables (perf/NOTES.md v17, v18).
 """
 
 from __future__ import annotations
@@ -27,16 +26,14 @@ from gemmbn import debug, timing
 SIZES = "16384 512 8192;4096 512 8192;65536 512 512;65536 1024 1024;16384 1024 1024;4096 1024 1024"
 CONFIGS = {"tf32": (torch.float32, "high"), "bf16": (torch.bfloat16, "-"), "fp16": (torch.float16, "-")}
 SOURCE = "GEMMBN_STATISTICS_SOURCE"
-LAST_ROWS_FIRST = "GEMMBN_Y_PASS_LAST_ROWS_FIRST"  # the y pass's experiment (finish_normalize.cu)
 
 
-def _with_source(module, x, source: str | None, last_rows_first: bool = False):
+def _with_source(module, x, source: str | None):
     def run():
         if source is None:
             os.environ.pop(SOURCE, None)
         else:
             os.environ[SOURCE] = source
-        os.environ[LAST_ROWS_FIRST] = "1" if last_rows_first else "0"
         with torch.no_grad():
             module(x)
     return run
@@ -54,28 +51,26 @@ def main() -> None:
     flush = timing.flush_buffer(device)
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, training forward, median ms")
-    print("| M×K→N | config | epilogue | y pass | y / epilogue | y, last rows first | eager | compile | rule picks |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    print("| M×K→N | config | epilogue | y pass | y / epilogue | eager | compile | rule picks |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     for size in args.sizes.split(";"):
         M, K, N = map(int, size.split())
         for config in args.configs.split(","):
             dtype, _ = CONFIGS[config]
             reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype)
-            fns = {"epilogue": _with_source(drop_in, x, "epilogue"), "y": _with_source(drop_in, x, "y"),
-                   "y_last_rows_first": _with_source(drop_in, x, "y", last_rows_first=True)}  # fmt: skip
+            fns = {"epilogue": _with_source(drop_in, x, "epilogue"), "y": _with_source(drop_in, x, "y")}
             fns["eager"] = _with_source(reference, x, None)
             if not args.no_compile:
                 fns["compile"] = _with_source(compiled, x, None)
             times = timing.interleaved_ms(list(fns.values()), device, iters=args.iters, flush=flush)
-            for variable in (SOURCE, LAST_ROWS_FIRST):
-                os.environ.pop(variable, None)
+            os.environ.pop(SOURCE, None)
             median = {name: statistics.median(t) for name, t in zip(fns, times)}
             picks = "y" if debug.train_statistics_from_y(str(dtype).removeprefix("torch."), M, N, K) else "epilogue"
             rows.append({"M": M, "K": K, "N": N, "config": config, **{f"{k}_ms": f"{v:.4f}" for k, v in median.items()},
                          "rule": picks})  # fmt: skip
             compile_ms = f"{median['compile']:.3f}" if "compile" in median else "—"
             print(f"| {M}×{K}→{N} | {config} | {median['epilogue']:.3f} | {median['y']:.3f} | "
-                  f"{median['y'] / median['epilogue']:.3f} | {median['y_last_rows_first']:.3f} | {median['eager']:.3f} | "
+                  f"{median['y'] / median['epilogue']:.3f} | {median['eager']:.3f} | "
                   f"{compile_ms} | {picks} |")
     if args.out:
         with args.out.open("w", newline="") as f:

@@ -205,7 +205,7 @@ SOURCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("source", ["epilogue", "y", "y-last-rows-first"])
+@pytest.mark.parametrize("source", ["epilogue", "y"])
 @pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
 def test_statistics_sources_match_float64(source, dtype, precision, shape, monkeypatch):
     """Outputs and running statistics (momentum=1: the batch's own) against float64, with every fourth column's mean
@@ -215,9 +215,7 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
     1e4 that is 40 spreads, so no 16-bit batch norm, eager's included, can match it; there mean/std is 4 (bf16) and 8
     (fp16), under the output tolerances. (tests/test_finish_emulated.py checks both sources at mean/std 1e4 in every
     dtype against the statistics of y as stored.)"""
-    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue" if source == "epilogue" else "y")
-    # The y pass's experiment (finish_normalize.cu, read per call): phase 2 walks the rows last first.
-    monkeypatch.setenv("GEMMBN_Y_PASS_LAST_ROWS_FIRST", "1" if source == "y-last-rows-first" else "0")
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source)
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=1.0)
     with torch.no_grad():  # z's spread per column with x ~ U[0, 1): sqrt(sum_k W[n, k]^2 / 12)
@@ -238,13 +236,10 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
     assert torch.equal(model.bn.running_var, second.bn.running_var)
 
 
-@pytest.mark.parametrize("fold", ["0", "1"], ids=["gamma-beta-fold", "bias-scale-folded-too"])
 @pytest.mark.parametrize(("dtype", "precision", "shape"), MID_CASES)
-def test_eval_folds_match_float64(fold, dtype, precision, shape, monkeypatch):
-    """Eval against float64 with running statistics unlike the batch's, every seventh scale 0, and the
-    GEMMBN_EVAL_FOLD_BIAS_SCALE experiment (the eval operator folds bias and scale into the gain and shift, the GEMM
-    runs without them; read per call) off and on."""
-    monkeypatch.setenv("GEMMBN_EVAL_FOLD_BIAS_SCALE", fold)
+def test_eval_fold_matches_float64(dtype, precision, shape):
+    """Eval against float64 with running statistics unlike the batch's and every seventh scale 0: the eval operator
+    folds bias, scale and the running statistics into one gain and shift, and the GEMM runs without bias and scale."""
     M, K, N = shape
     model = _model(dtype, precision, K, N)
     with torch.no_grad():
@@ -256,7 +251,7 @@ def test_eval_folds_match_float64(fold, dtype, precision, shape, monkeypatch):
     out64, _ = float64_forward(model, x)
     with fused_path(), torch.no_grad():
         out = model(x)
-    _assert_close_to_float64(out, out64, dtype, precision, f"eval output (fold {fold})", M)
+    _assert_close_to_float64(out, out64, dtype, precision, "eval output", M)
 
 
 @pytest.mark.parametrize(("dtype", "precision", "shape"), MID_CASES)

@@ -299,20 +299,27 @@ def _eval_problem(name, seed, M=333, K=256, N=264):
     return x, w, b, s, gamma, beta, rm, rv
 
 
-def _folded_affine(gamma, beta, rm, rv):
-    """fold_eval_affine's (gain, shift), poisoned before the launch."""
+def _folded_affine(gamma, beta, rm, rv, b=None, s=None):
+    """fold_eval_affine's (gain, shift), poisoned before the launch; b and s folded in when given."""
     N = rm.shape[0]
     gain = torch.full((N,), float("nan"), device="cuda")
     shift = torch.full((N,), float("nan"), device="cuda")
-    debug.fold_eval_affine(gamma, beta, rm, rv, 1e-5, gain, shift)
+    debug.fold_eval_affine(gamma, beta, rm, rv, 1e-5, gain, shift, bias=b, scale=s)
     return gain, shift
 
 
+@pytest.mark.parametrize("fold_linear", [False, True], ids=["bias-scale-in-gemm", "bias-scale-folded"])
 @pytest.mark.parametrize("name", list(OPERANDS))
-def test_eval_folded_affine(name):
+def test_eval_folded_affine(name, fold_linear):
+    """The GEMM's gain/shift epilogue with the fold's vectors against float64: bias and scale applied by the GEMM,
+    or folded into the gain and shift (the eval operator's way) and the GEMM run without them."""
     x, w, b, s, gamma, beta, rm, rv = _eval_problem(name, seed=3)
-    gain, shift = _folded_affine(gamma, beta, rm, rv)
-    out, _, _, _ = _gemm(x, w, b, s, name, stats=False, gain=gain, shift=shift)
+    if fold_linear:
+        gain, shift = _folded_affine(gamma, beta, rm, rv, b, s)
+        out, _, _, _ = _gemm(x, w, None, None, name, stats=False, gain=gain, shift=shift)
+    else:
+        gain, shift = _folded_affine(gamma, beta, rm, rv)
+        out, _, _, _ = _gemm(x, w, b, s, name, stats=False, gain=gain, shift=shift)
     y64 = (x.double() @ w.double().T + b.double()) * s.double()
     out64 = (y64 - rm.double()) / torch.sqrt(rv.double() + 1e-5) * gamma.double() + beta.double()
     assert not out.isnan().any()
@@ -431,12 +438,12 @@ def test_train_forward_refuses_before_launching():
 
 @pytest.mark.parametrize("name", list(OPERANDS))
 def test_eval_forward_is_the_fold_and_the_gemm(name):
-    # The eval_forward operator makes fold_eval_affine + gemm_scale_stats in one call: bitwise what the two give
-    # (test_eval_folded_affine checks those against float64).
+    # The eval_forward operator makes fold_eval_affine (bias and scale folded in) + gemm_scale_stats (without them)
+    # in one call: bitwise what the two give (test_eval_folded_affine checks those against float64).
     x, w, b, s, gamma, beta, rm, rv = _eval_problem(name, seed=6)
     M, N, dtype = x.shape[0], w.shape[0], x.dtype
-    gain, shift = _folded_affine(gamma, beta, rm, rv)
-    expected, _, _, _ = _gemm(x, w, b, s, name, stats=False, gain=gain, shift=shift)
+    gain, shift = _folded_affine(gamma, beta, rm, rv, b, s)
+    expected, _, _, _ = _gemm(x, w, None, None, name, stats=False, gain=gain, shift=shift)
     poison_next_allocation((M, N), dtype)
     out = operators().eval_forward(x, w, b, s, gamma, beta, rm, rv, 1e-5, *_operator_split(name, w))
     torch.cuda.synchronize()

@@ -17,7 +17,6 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "gemmbn/api.h"
 #include "gemmbn/device_info.h"
@@ -188,8 +187,8 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
 
 // Phase 2, per work item (column stripe, row chunk): out[m, n] = y[m, n] alpha[n] + delta[n] with
 //   alpha = gamma invstd, delta = beta - mean alpha   (fp32, as PyTorch's BatchNorm forms them)
-// kLastRowsFirst, an experiment of the y-pass variant (GEMMBN_Y_PASS_LAST_ROWS_FIRST=1; not yet run on a GPU): the
-// items and each chunk's rows last first, so that the first reads find the rows phase 0 read last still in L2.
+// kLastRowsFirst (the y-pass variant): the items and each chunk's rows last first, so that the first reads find the
+// rows phase 0 read last still in L2 (0.3-4% off the y-pass forward, never slower: perf/NOTES.md v18).
 template <class T, bool kLastRowsFirst = false>
 __device__ void normalize_rows(FinishParams<T> const& p) {
   using Vec = Vector16<T>;
@@ -246,9 +245,8 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
 
 // finish_normalize: [phase 0 (partials from y), grid barrier,] phase 1 (column statistics), grid barrier, phase 2
 // (normalize). Cooperative launch.
-template <class T, bool kFromY = false, bool kLastRowsFirst = false>
+template <class T, bool kFromY = false>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
-  static_assert(kFromY || !kLastRowsFirst, "rows last first: the y-pass variant's experiment");
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
   if constexpr (kFromY) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && p.batches_tracked != nullptr) ++*p.batches_tracked;  // the GEMM did not
@@ -261,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
     default: merge_column_statistics<16>(p, lane_s1, lane_s2); break;
   }
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
-  normalize_rows<T, kLastRowsFirst>(p);
+  normalize_rows<T, /*kLastRowsFirst=*/kFromY>(p);
 }
 
 }  // namespace
@@ -304,7 +302,7 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
   return Status::success();
 }
 
-template <class T, bool kFromY, bool kLastRowsFirst = false>
+template <class T, bool kFromY>
 Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   WorkItems work{};
   int max_blocks = 0;
@@ -314,13 +312,8 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   // each block would otherwise merge several column groups one after another.
   const int merge_columns = merge_columns_for(a.N);
   const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
-  int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
-  constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kLastRowsFirst>;
-  if constexpr (kLastRowsFirst) {  // the experiment's variant: its own occupancy bounds the cooperative grid (the work
-    int resident = 0;              // items, finish_partial_rows's, stay the y pass's; blocks loop over any excess)
-    if (Status s = finish_resident_blocks<kernel>(resident); !s) return s;
-    blocks = std::min(blocks, resident);
-  }
+  const int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
+  constexpr auto kernel = &finish_normalize_kernel<T, kFromY>;
   FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
                     static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
                     static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
@@ -350,11 +343,7 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_normalize_check(a); !s) return s;
   return with_element_type(a.dtype, [&](auto element) -> Status {
     using T = decltype(element);
-    if (!a.partials_from_y) return launch_finish<T, false>(a, stream);
-    // The experiment's switch, read per call (A/B runs); its variant has the y-pass variant's occupancy (ptxas).
-    const char* last_rows_first = std::getenv("GEMMBN_Y_PASS_LAST_ROWS_FIRST");
-    if (last_rows_first && last_rows_first[0] == '1') return launch_finish<T, true, true>(a, stream);
-    return launch_finish<T, true>(a, stream);
+    return a.partials_from_y ? launch_finish<T, true>(a, stream) : launch_finish<T, false>(a, stream);
   });
 }
 

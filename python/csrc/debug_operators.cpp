@@ -184,9 +184,10 @@ void finish_normalize(Tensor y, Tensor out, Tensor partial_mean, Tensor partial_
   raise_on_error(gemmbn::finish_normalize(a, current_stream(p.device)));
 }
 
-// gain = gamma / sqrt(running_var + eps), shift = beta - running_mean gain, float32 (api.h: fold_eval_affine).
-void fold_eval_affine(OptionalTensor gamma, OptionalTensor beta, Tensor running_mean, Tensor running_var, double eps,
-                      Tensor gain, Tensor shift) {
+// gain = s gamma / sqrt(running_var + eps), shift = beta + (b s - running_mean) gamma / sqrt(running_var + eps), float32,
+// bias b and scale s optional (0 and 1) (api.h: fold_eval_affine).
+void fold_eval_affine(OptionalTensor gamma, OptionalTensor beta, OptionalTensor bias, OptionalTensor scale,
+                      Tensor running_mean, Tensor running_var, double eps, Tensor gain, Tensor shift) {
   if (!running_mean.is_cuda() || running_mean.dim() != 1) fail("running_mean must be a 1-D CUDA tensor");
   const Problem p{running_mean.scalar_type(), kernel_dtype(running_mean.scalar_type(), "running_mean"),
                   running_mean.get_device_index()};
@@ -200,6 +201,8 @@ void fold_eval_affine(OptionalTensor gamma, OptionalTensor beta, Tensor running_
   a.running_var = running_var.data_ptr();
   a.gamma = read_vector(gamma, "gamma", p, a.N);
   a.beta = read_vector(beta, "beta", p, a.N);
+  a.bias = read_vector(bias, "bias", p, a.N);
+  a.scale = read_vector(scale, "scale", p, a.N);
   if (!(eps > 0)) fail("eps must be positive");
   a.eps = eps;
   a.gain = float_pointer(gain, "gain", p, {a.N});
@@ -229,8 +232,8 @@ STABLE_TORCH_LIBRARY(gemmbn_debug, m) {
   m.def("finish_normalize(Tensor y, Tensor(a!) out, Tensor partial_mean, Tensor partial_m2, int tile_rows, "
         "Tensor? gamma, Tensor? beta, Tensor(b!)? running_mean, Tensor(c!)? running_var, Tensor? batches_tracked, "
         "float? momentum, float eps, Tensor(d!) save_mean, Tensor(e!) save_invstd) -> ()");
-  m.def("fold_eval_affine(Tensor? gamma, Tensor? beta, Tensor running_mean, Tensor running_var, float eps, "
-        "Tensor(a!) gain, Tensor(b!) shift) -> ()");
+  m.def("fold_eval_affine(Tensor? gamma, Tensor? beta, Tensor? bias, Tensor? scale, Tensor running_mean, "
+        "Tensor running_var, float eps, Tensor(a!) gain, Tensor(b!) shift) -> ()");
 }
 
 // The queries take no tensor: they run under any dispatch key (CompositeExplicitAutograd covers them all).

@@ -5,7 +5,6 @@
 // device, so a forward or backward crosses from Python into C++ once. Operands the kernels only read may be views
 // of any layout (operator_support.h: readable); a refused call writes nothing the caller holds.
 // The kernels' math is in kernels/include/gemmbn/api.h; python/gemmbn/fused.py is the Python side.
-#include <cstdlib>
 #include <tuple>
 #include <vector>
 
@@ -91,8 +90,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   return {out, pre_norm, save_mean, save_invstd};
 }
 
-// out = ((x W^T + b) s - running_mean) / sqrt(running_var + eps) gamma + beta: the running statistics folded into
-// a per-column gain and shift, then one GEMM (api.h: fold_eval_affine, gemm_scale_stats).
+// out = ((x W^T + b) s - running_mean) / sqrt(running_var + eps) gamma + beta: bias, scale and the running statistics
+// folded into a per-column gain and shift, then one GEMM (api.h: fold_eval_affine, gemm_scale_stats).
 Tensor eval_forward(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, OptionalTensor gamma,
                     OptionalTensor beta, Tensor running_mean, Tensor running_var, double eps,
                     OptionalTensor weight_split, OptionalTensor weight_unscale) {
@@ -123,12 +122,8 @@ Tensor eval_forward(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, 
   bind_scratch(g, scratch, x_scale_at, workspace_at);
   f.gain = scratch.at<float>(affine_at), f.shift = f.gain + N;
   g.gain = f.gain, g.shift = f.shift;
-  // Experiment, read per call (A/B runs; not yet run on a GPU, perf/NOTES.md v17): bias and scale folded into the
-  // gain and shift, so the GEMM's epilogue reads two vectors instead of four.
-  if (const char* fold = std::getenv("GEMMBN_EVAL_FOLD_BIAS_SCALE"); fold && fold[0] == '1') {
-    f.bias = g.bias, f.scale = g.scale;
-    g.bias = g.scale = nullptr;
-  }
+  f.bias = g.bias, f.scale = g.scale;  // folded into the gain and shift: the GEMM runs without them
+  g.bias = g.scale = nullptr;
   g.y = out.data_ptr();
   const cudaStream_t stream = current_stream(p.device);
   // The fold writes only the affine scratch, so a GEMM refused after it leaves the caller's state as it was.

@@ -124,9 +124,11 @@ def finish_normalize(
 
 
 def fold_eval_affine(gamma: Tensor | None, beta: Tensor | None, running_mean: Tensor, running_var: Tensor,
-                     eps: float, gain: Tensor, shift: Tensor) -> None:  # fmt: skip
-    """gain = gamma / sqrt(running_var + eps), shift = beta - running_mean gain (float32)."""
-    _ops().fold_eval_affine(gamma, beta, running_mean, running_var, eps, gain, shift)
+                     eps: float, gain: Tensor, shift: Tensor, bias: Tensor | None = None,
+                     scale: Tensor | None = None) -> None:  # fmt: skip
+    """gain = s gamma / sqrt(running_var + eps), shift = beta + (b s - running_mean) gamma / sqrt(running_var + eps)
+    (float32), with the linear layer's bias b and scale s (None: 0 and 1) folded in, as the eval operator does."""
+    _ops().fold_eval_affine(gamma, beta, bias, scale, running_mean, running_var, eps, gain, shift)
 
 
 def gemm_workspace(

@@ -32,10 +32,9 @@ struct Worst {
 };
 
 // The partials' source: the GEMM epilogue's (given, exact per tile), or the y-pass variant's own pass (per row chunk
-// of its work items, over NaN poison, batches_tracked incremented), with phase 2 in order or last rows first (the
-// GEMMBN_Y_PASS_LAST_ROWS_FIRST experiment).
-enum Source { kEpilogue, kYPass, kYPassLastRowsFirst };
-const char* source_name(Source s) { return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : "y, last 1st"; }
+// of its work items, over NaN poison, batches_tracked incremented; its phase 2 walks rows last first).
+enum Source { kEpilogue, kYPass };
+const char* source_name(Source s) { return s == kEpilogue ? "epilogue" : "y pass"; }
 
 template <class T>
 Worst run_case(const Case& c, Source source) {
@@ -88,9 +87,7 @@ Worst run_case(const Case& c, Source source) {
                     gamma.data(), beta.data(), running_mean.data(), running_var.data(), &batches_tracked,
                     c.cumulative, momentum, eps, save_mean.data(), save_invstd.data(), merge_columns_for(N),
                     work.stripes, work.rows_per_chunk, int(work.items)};
-  if (source == kYPassLastRowsFirst) {
-    emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true, true>(p); });
-  } else if (source == kYPass) {
+  if (source == kYPass) {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true>(p); });
   } else {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
@@ -137,8 +134,8 @@ bool check(const char* dtype, const Case& c, Source source) {
   return ok;
 }
 
-// fold_eval_affine against its fp64 definition: one rounding to fp32 each; plain, and with the linear layer's bias
-// and scale folded in too (the GEMMBN_EVAL_FOLD_BIAS_SCALE experiment; every seventh scale 0, half negative).
+// fold_eval_affine against its fp64 definition: one rounding to fp32 each; without the linear layer's bias and scale
+// (null: 0 and 1), and with them folded in (every seventh scale 0, half negative).
 template <class T>
 bool check_fold(const char* dtype) {
   constexpr int N = 520, kBlock = 256;
@@ -188,7 +185,7 @@ int main() {
   };
   bool ok = check_fold<float>("float32") & check_fold<__nv_bfloat16>("bfloat16") & check_fold<__half>("float16");
   for (const Case& c : cases) {
-    for (Source source : {kEpilogue, kYPass, kYPassLastRowsFirst}) {
+    for (Source source : {kEpilogue, kYPass}) {
       ok &= check<float>("float32", c, source);
       ok &= check<__nv_bfloat16>("bfloat16", c, source);
       ok &= check<__half>("float16", c, source);
