@@ -27,7 +27,8 @@
 #                     65536x1024->1024 and 16384x4096->4096 (the statistics node's cost); other sizes by
 #                     GEMMBN_TUNE_SIZES="M K N;M K N;..."
 #   bench-short-k     perf/bench.py --set short_k, TF32 and bf16, without torch.compile
-#   sweep             perf/bench.py's sweep set, TF32 and bf16, gemmbn against eager and torch.compile (--quick)
+#   sweep             perf/bench.py's sweep set, TF32 and bf16, every provider back to back and (no torch.compile)
+#                     synchronized, with perf/report.py's plots where matplotlib is installed
 #   main-job          python -m gemmbn
 #   backward          the backward's GPU tests (tests/test_backward_gpu.py)
 #   train-step        perf/train_step.py: forward + backward (+ SGD step) against eager and torch.compile at
@@ -156,8 +157,14 @@ for name in $steps; do
         --providers gemmbn,eager,cublas,gemmbn-gemm-only --out "$out/bench_short_k.csv" 2>&1 \
         | tee "$out/bench_short_k.txt" | grep "^|" ;;
     sweep)
-      timeout $(limit 200) python3 perf/bench.py --set sweep --configs tf32,bf16 --providers gemmbn,eager,compile \
-        --quick --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.txt" | grep "^|" | head -50 ;;
+      # Both timing methods (issue 18): back to back with every provider (~60 s for all 40 pairs on the H200,
+      # torch.compile included), then synchronized before each call without torch.compile (~25 s); a plot each.
+      timeout $(limit 300) python3 perf/bench.py --set sweep --configs tf32,bf16 --iters 10 \
+        --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.txt" \
+        | grep "^|" | head -90
+      timeout $(limit 120) python3 perf/bench.py --set sweep --configs tf32,bf16 --iters 10 --sync \
+        --providers gemmbn,eager,cublas,gemmbn-gemm-only --out "$out/sweep-sync.csv" > "$out/sweep-sync.txt" 2>&1
+      for csv in "$out"/sweep.csv "$out"/sweep-sync.csv; do python3 perf/report.py "$csv" > /dev/null 2>&1; done ;;
     main-job)
       timeout $(limit 200) python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25 ;;
     backward)
