@@ -236,12 +236,14 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
     assert torch.equal(model.bn.running_var, second.bn.running_var)
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize(("dtype", "precision", "shape"), MID_CASES)
-def test_eval_fold_matches_float64(dtype, precision, shape):
+def test_eval_fold_matches_float64(dtype, precision, shape, bias):
     """Eval against float64 with running statistics unlike the batch's and every seventh scale 0: the eval operator
-    folds bias, scale and the running statistics into one gain and shift, and the GEMM runs without bias and scale."""
+    folds bias (0 without one), scale and the running statistics into one gain and shift, and the GEMM runs without
+    bias and scale."""
     M, K, N = shape
-    model = _model(dtype, precision, K, N)
+    model = _model(dtype, precision, K, N, bias=bias)
     with torch.no_grad():
         model.scale[3::7] = 0
         model.bn.running_mean.normal_()
