@@ -15,4 +15,4 @@ def test_finish_normalize_on_the_cpu(tmp_path):
         "finish_normalize_source.cpp": cooperative_source(ROOT / "kernels" / "src" / "finish_normalize.cu"),
         "fold_eval_affine_source.cpp": kernels_only(ROOT / "kernels" / "src" / "fold_eval_affine.cu"),
     }
-    build_and_run(tmp_path, "finish_normalize_emulated.cpp", sources, expected_cases=3 + 36)
+    build_and_run(tmp_path, "finish_normalize_emulated.cpp", sources, expected_cases=3 + 54)

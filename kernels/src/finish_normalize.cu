@@ -56,7 +56,17 @@ struct FinishParams {
   int stripes;             // column stripes of kLanesPerRow vectors
   int64_t rows_per_chunk;  // rows of one normalize work item
   int items;               // stripes x row chunks
+  // FinishMode::from_ranks: partial row t holds rank t's moments with its own count (partial_count; rows between
+  // partial rows: partial_stride elements). FinishMode::moments: this batch's [3, N] moments out.
+  const float* partial_count = nullptr;
+  int64_t partial_stride = 0;
+  float* moments_out = nullptr;
 };
+
+// What a launch makes: the normalized output (phase 2, the training forward), this batch's per-column moments
+// alone (phase 1's statistics, for a collective between ranks), or the output with the statistics of the ranks'
+// gathered moments (the synchronized forward's second launch; issue 19, perf/NOTES.md v18).
+enum class FinishMode { normalize, moments, from_ranks };
 
 // Phase 0 (the y-pass variant), per work item (phase 2's: a column stripe x a row chunk of rows_per_chunk = tile_rows
 // rows): partial_mean[chunk, n], partial_m2[chunk, n] = mean and M2 of y as stored over the chunk's rows, as the
@@ -131,16 +141,28 @@ __device__ void partials_of_y(FinishParams<T> const& p) {
 // set of tiles with kMergeBatch tiles' loads in flight, then one thread per column adds the lanes' sums in
 // a fixed order (the same bits on every run).
 // lane_s1, lane_s2: kThreads doubles of shared memory each, [tile lane][column offset].
-template <int merge_columns, class T>
+// from_ranks: n_t is rank t's count, M their sum, c the first mean of a rank with rows (a rank without rows adds
+// nothing). moments: the launch writes rows, mean_y and M2 = M var_y instead of the statistics' uses.
+template <int merge_columns, FinishMode kMode, class T>
 __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s1, double* lane_s2) {
+  constexpr bool kRanks = kMode == FinishMode::from_ranks;
   constexpr int merge_lanes = kThreads / merge_columns;
   const int column_offset = threadIdx.x % merge_columns, tile_lane = threadIdx.x / merge_columns;
   const int groups = (p.N + merge_columns - 1) / merge_columns;
+  const int64_t stride = kRanks ? p.partial_stride : int64_t(p.N);
   auto tile_rows = [&](int t) { return static_cast<double>(min(int64_t(p.tile_rows), p.M - int64_t(t) * p.tile_rows)); };
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
     const int col = group * merge_columns + column_offset;
     const bool valid = col < p.N;
-    const double shift = valid ? p.partial_mean[col] : 0.0;
+    double shift = valid ? p.partial_mean[col] : 0.0;
+    if constexpr (kRanks) {
+      for (int t = 0; valid && t < p.tiles; ++t) {
+        if (p.partial_count[t * stride + col] > 0) {
+          shift = p.partial_mean[t * stride + col];
+          break;
+        }
+      }
+    }
     double s1 = 0, s2 = 0;
     for (int t0 = tile_lane; t0 < p.tiles; t0 += merge_lanes * kMergeBatch) {
       float mean_t[kMergeBatch], m2_t[kMergeBatch];
@@ -148,14 +170,15 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
       for (int j = 0; j < kMergeBatch; ++j) {
         const int t = t0 + j * merge_lanes;
         const bool in = valid && t < p.tiles;
-        mean_t[j] = in ? p.partial_mean[int64_t(t) * p.N + col] : 0.f;
-        m2_t[j] = in ? p.partial_m2[int64_t(t) * p.N + col] : 0.f;
+        mean_t[j] = in ? p.partial_mean[int64_t(t) * stride + col] : 0.f;
+        m2_t[j] = in ? p.partial_m2[int64_t(t) * stride + col] : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < kMergeBatch; ++j) {
         const int t = t0 + j * merge_lanes;
         if (t >= p.tiles) continue;
-        const double n_t = tile_rows(t), deviation = mean_t[j] - shift;
+        const double n_t = kRanks ? double(p.partial_count[int64_t(t) * stride + col]) : tile_rows(t);
+        const double deviation = mean_t[j] - shift;
         s1 = fma(n_t, deviation, s1);
         s2 += fma(n_t * deviation, deviation, double(m2_t[j]));
       }
@@ -169,16 +192,26 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
       for (int lane = 0; lane < merge_lanes; ++lane) {
         total1 += lane_s1[lane * merge_columns + column_offset], total2 += lane_s2[lane * merge_columns + column_offset];
       }
-      const double rows = static_cast<double>(p.M);
+      double rows = static_cast<double>(p.M);
+      if constexpr (kRanks) {
+        rows = 0;
+        for (int t = 0; t < p.tiles; ++t) rows += p.partial_count[t * stride + col];  // rank order
+      }
       const double mean = shift + total1 / rows;
       const double var_y = fmax(total2 - total1 * (total1 / rows), 0.0) / rows;
-      p.save_mean[col] = static_cast<float>(mean);
-      p.save_invstd[col] = static_cast<float>(1.0 / sqrt(var_y + p.eps));
-      if (p.running_mean != nullptr) {
-        const double f = p.cumulative ? 1.0 / static_cast<double>(*p.batches_tracked) : p.momentum;
-        const double unbiased = var_y * rows / (rows - 1);
-        p.running_mean[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_mean[col]) + f * mean));
-        p.running_var[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_var[col]) + f * unbiased));
+      if constexpr (kMode == FinishMode::moments) {
+        p.moments_out[col] = static_cast<float>(rows);
+        p.moments_out[p.N + col] = static_cast<float>(mean);
+        p.moments_out[2 * p.N + col] = static_cast<float>(var_y * rows);
+      } else {
+        p.save_mean[col] = static_cast<float>(mean);
+        p.save_invstd[col] = static_cast<float>(1.0 / sqrt(var_y + p.eps));
+        if (p.running_mean != nullptr) {
+          const double f = p.cumulative ? 1.0 / static_cast<double>(*p.batches_tracked) : p.momentum;
+          const double unbiased = var_y * rows / (rows - 1);
+          p.running_mean[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_mean[col]) + f * mean));
+          p.running_var[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_var[col]) + f * unbiased));
+        }
       }
     }
     __syncthreads();  // lane_s1/lane_s2 are reused by the next group
@@ -244,9 +277,10 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
 }
 
 // finish_normalize: [phase 0 (partials from y), grid barrier,] phase 1 (column statistics), grid barrier, phase 2
-// (normalize). Cooperative launch.
-template <class T, bool kFromY = false>
+// (normalize; FinishMode::moments stops after phase 1). Cooperative launch.
+template <class T, bool kFromY = false, FinishMode kMode = FinishMode::normalize>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
+  static_assert(!(kFromY && kMode == FinishMode::from_ranks), "the ranks' moments are the partials");
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
   if constexpr (kFromY) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && p.batches_tracked != nullptr) ++*p.batches_tracked;  // the GEMM did not
@@ -254,10 +288,11 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
     cg::this_grid().sync();  // orders the partials and the count before phase 1's reads
   }
   switch (p.merge_columns) {
-    case 4: merge_column_statistics<4>(p, lane_s1, lane_s2); break;
-    case 8: merge_column_statistics<8>(p, lane_s1, lane_s2); break;
-    default: merge_column_statistics<16>(p, lane_s1, lane_s2); break;
+    case 4: merge_column_statistics<4, kMode>(p, lane_s1, lane_s2); break;
+    case 8: merge_column_statistics<8, kMode>(p, lane_s1, lane_s2); break;
+    default: merge_column_statistics<16, kMode>(p, lane_s1, lane_s2); break;
   }
+  if constexpr (kMode == FinishMode::moments) return;  // every block: no phase 2
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
   normalize_rows<T, /*kLastRowsFirst=*/kFromY>(p);
 }
@@ -265,13 +300,24 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
 }  // namespace
 
 Status finish_normalize_check(const FinishNormalizeArgs& a) {
-  if (a.M < 2) return Status::invalid("batch statistics need M >= 2 rows");
+  const bool ranks = a.rank_moments != nullptr;
+  if (a.moments && ranks) return Status::invalid("moments and rank_moments are two different launches");
+  if (ranks ? a.M < 1 : a.M < 2) {
+    return Status::invalid(ranks ? "rank_moments normalizes M >= 1 rows" : "batch statistics need M >= 2 rows");
+  }
   if (a.N < 1 || a.tile_rows < 1) return Status::invalid("N and tile_rows must be positive");
   if (a.N % (16 / dtype_size(a.dtype)) != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype");
-  if (!a.y || !a.out || !a.partial_mean || !a.partial_m2 || !a.save_mean || !a.save_invstd) {
+  if (ranks && (a.ranks < 1 || a.partials_from_y)) {
+    return Status::invalid("rank_moments needs ranks >= 1 and takes the partials' place (no partials_from_y)");
+  }
+  if (a.moments && (a.running_mean || a.running_var || a.batches_tracked)) {
+    return Status::invalid("moments: no running statistics or batches_tracked (the launch with rank_moments has them)");
+  }
+  if (!a.y || (!ranks && (!a.partial_mean || !a.partial_m2)) ||
+      (!a.moments && (!a.out || !a.save_mean || !a.save_invstd))) {
     return Status::invalid("y, out, partials and save_mean/save_invstd are required");
   }
-  if (!is_aligned16(a.y) || !is_aligned16(a.out)) return Status::invalid("y and out must be 16-byte aligned");
+  if (!is_aligned16(a.y) || (a.out && !is_aligned16(a.out))) return Status::invalid("y and out must be 16-byte aligned");
   if ((a.running_mean == nullptr) != (a.running_var == nullptr)) {
     return Status::invalid("running_mean and running_var go together");
   }
@@ -302,7 +348,7 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
   return Status::success();
 }
 
-template <class T, bool kFromY>
+template <class T, bool kFromY, FinishMode kMode = FinishMode::normalize>
 Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   WorkItems work{};
   int max_blocks = 0;
@@ -312,13 +358,23 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   // each block would otherwise merge several column groups one after another.
   const int merge_columns = merge_columns_for(a.N);
   const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
-  const int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
-  constexpr auto kernel = &finish_normalize_kernel<T, kFromY>;
-  FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2,
-                    static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows, static_cast<const T*>(a.gamma),
-                    static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var),
-                    a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns,
-                    work.stripes, work.rows_per_chunk, static_cast<int>(work.items)};
+  int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
+  constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kMode>;
+  if constexpr (kMode != FinishMode::normalize) {  // a cooperative grid within its own variant's residency (the
+    int resident = 0;                              // work items stay finish_work's; blocks loop over any excess)
+    if (Status s = finish_resident_blocks<kernel>(resident); !s) return s;
+    blocks = std::min(blocks, resident);
+  }
+  constexpr bool kRanks = kMode == FinishMode::from_ranks;
+  const int64_t N = a.N;
+  FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N,
+                    kRanks ? const_cast<float*>(a.rank_moments) + N : a.partial_mean,
+                    kRanks ? const_cast<float*>(a.rank_moments) + 2 * N : a.partial_m2,
+                    kRanks ? a.ranks : static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows,
+                    static_cast<const T*>(a.gamma), static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean),
+                    static_cast<T*>(a.running_var), a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean,
+                    a.save_invstd, merge_columns, work.stripes, work.rows_per_chunk, static_cast<int>(work.items),
+                    kRanks ? a.rank_moments : nullptr, kRanks ? 3 * N : N, a.moments};
   void* kernel_args[] = {&p};
   cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel),
                                               dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
@@ -343,6 +399,11 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_normalize_check(a); !s) return s;
   return with_element_type(a.dtype, [&](auto element) -> Status {
     using T = decltype(element);
+    if (a.rank_moments) return launch_finish<T, false, FinishMode::from_ranks>(a, stream);
+    if (a.moments) {
+      return a.partials_from_y ? launch_finish<T, true, FinishMode::moments>(a, stream)
+                               : launch_finish<T, false, FinishMode::moments>(a, stream);
+    }
     return a.partials_from_y ? launch_finish<T, true>(a, stream) : launch_finish<T, false>(a, stream);
   });
 }

@@ -165,6 +165,16 @@ struct FinishNormalizeArgs {
   double eps = 1e-5;
   float* save_mean = nullptr;    // [N] mean_y
   float* save_invstd = nullptr;  // [N] 1/sqrt(var_y + eps)
+  // Batch statistics over a process group's ranks (issue 19: two launches around a collective; perf/NOTES.md v18):
+  // - moments [3, N] (fp32): the launch stops after the column statistics and writes this batch's rows, mean_y and
+  //   M2 = rows var_y per column; out, save_mean/save_invstd, the running statistics and batches_tracked are unused.
+  // - rank_moments [ranks, 3, N] (fp32): the ranks' moments in rank order take the partials' place (partial_mean,
+  //   partial_m2, tile_rows and partials_from_y unused): mean_y and var_y of all the ranks' rows normalize this
+  //   batch's M >= 1 rows of y, and the running statistics move with them (unbiased over the ranks' rows);
+  //   batches_tracked is read (momentum=None), not counted.
+  float* moments = nullptr;
+  const float* rank_moments = nullptr;
+  int ranks = 0;
 };
 Status finish_normalize(const FinishNormalizeArgs& args, cudaStream_t stream);
 // finish_normalize's argument checks alone (what it would refuse), without a launch.
