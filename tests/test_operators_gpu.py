@@ -76,6 +76,40 @@ def test_opcheck_the_split_gemm_and_its_helpers():
     torch.library.opcheck(_op("split_matmul"), (weight, *b_split, weight_row_max), test_utils=UTILS)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_opcheck_and_float64_of_the_synchronized_forwards_operators(dtype, momentum):
+    """train_moments and normalize_from_moments (issue 19's two launches around the ranks' collective), written
+    without a GPU run: opcheck on both; the moments against float64 of y as stored (rows exact, mean and M2 within
+    the epilogue partials' fp32 merge); this batch split into three ranks' moments (one without rows) normalizing it
+    as train_forward does with the whole batch (the same statistics within float32's rounding of the merge), the
+    running statistics moved alike, num_batches_tracked read and not counted."""
+    args = _train_arguments(dtype, keep_pre_norm=True, momentum=momentum)
+    x, weight, bias, scale, gamma, beta, running_mean, running_var, counter = args[:9]
+    torch.library.opcheck(_op("train_moments"), (x, weight, bias, scale, None, None), test_utils=UTILS)
+    y, moments = _op("train_moments")(x, weight, bias, scale, None, None)
+    y64 = y.double()
+    assert torch.equal(moments[0], torch.full_like(moments[0], M))
+    torch.testing.assert_close(moments[1].double(), y64.mean(0), rtol=1e-6, atol=1e-6 * y64.abs().max().item())
+    torch.testing.assert_close(moments[2].double(), y64.var(0, correction=0) * M, rtol=1e-5, atol=0)
+    parts = [_op("train_moments")(x[rows], weight, bias, scale, None, None)[1] for rows in (slice(0, 77), slice(77, M))]
+    ranks = torch.stack([parts[0], torch.zeros_like(parts[0]), parts[1]])
+    before = [t.clone() for t in (running_mean, running_var)]
+    whole = _op("train_forward")(*args)  # the whole batch at once: moves running_mean/var and counts the batch
+    counted = counter.clone()
+    mine = [t.clone() for t in before]
+    torch.library.opcheck(_op("normalize_from_moments"), (y, ranks, gamma, beta, mine[0].clone(), mine[1].clone(),
+                          counter, momentum, 1e-5), test_utils=UTILS)  # fmt: skip
+    out, mean, invstd = _op("normalize_from_moments")(y, ranks, gamma, beta, *mine, counter, momentum, 1e-5)
+    assert torch.equal(counter, counted), "normalize_from_moments reads num_batches_tracked, never counts"
+    limit = output_tolerance(dtype, "highest").limit  # y and the running statistics rounded once to dtype
+    assert relative_error(out, whole[0]) <= limit
+    torch.testing.assert_close(mean, whole[2], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(invstd, whole[3], rtol=1e-4, atol=0)
+    for a, b in zip(mine, (running_mean, running_var)):
+        assert relative_error(a, b) <= limit
+
+
 # Bit 5 (dz transposed, with dz's maxima) is float32's: the other dtypes refuse it (tests/test_backward_gpu.py).
 @pytest.mark.parametrize("dtype,outputs", [(dtype, outputs) for dtype in DTYPES for outputs in (0b11111, 0b10101, 0b00100)]
                          + [(torch.float32, 0b111111)], ids=str)  # fmt: skip

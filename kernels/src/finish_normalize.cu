@@ -302,9 +302,8 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
 Status finish_normalize_check(const FinishNormalizeArgs& a) {
   const bool ranks = a.rank_moments != nullptr;
   if (a.moments && ranks) return Status::invalid("moments and rank_moments are two different launches");
-  if (ranks ? a.M < 1 : a.M < 2) {
-    return Status::invalid(ranks ? "rank_moments normalizes M >= 1 rows" : "batch statistics need M >= 2 rows");
-  }
+  // One rank's rows may be one (or its moments, from one row): the statistics of all ranks need two.
+  if (a.M < (ranks || a.moments ? 1 : 2)) return Status::invalid("batch statistics need M >= 2 rows");
   if (a.N < 1 || a.tile_rows < 1) return Status::invalid("N and tile_rows must be positive");
   if (a.N % (16 / dtype_size(a.dtype)) != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype");
   if (ranks && (a.ranks < 1 || a.partials_from_y)) {

@@ -103,14 +103,6 @@ float* float_pointer(const OptionalTensor& t, const char* name, const Problem& p
   return static_cast<float*>(t->data_ptr());
 }
 
-int64_t* counter_pointer(const OptionalTensor& t, const Problem& p) {
-  if (!t) return nullptr;
-  if (t->numel() != 1 || t->scalar_type() != ScalarType::Long || !t->is_cuda() || t->get_device_index() != p.device) {
-    fail("batches_tracked must be one int64 element on x's device, got shape " + shape_string(*t));
-  }
-  return static_cast<int64_t*>(t->data_ptr());
-}
-
 // y = ((x W^T + bias) scale) gain + shift with the per-tile column mean/M2 of y as stored into partial_mean/m2
 // (both or neither; [ceil(M / partial_rows), N] of the row used). config/raster/swizzle/splits: tuning overrides
 // (-1: the defaults). weight_split/weight_unscale with x_scale (float32 [row_scale_count(M)]): the split GEMM.
@@ -141,7 +133,7 @@ void gemm_scale_stats(Tensor x, Tensor weight, Tensor y, OptionalTensor bias, Op
     a.partial_mean = float_pointer(partial_mean, "partial_mean", p, {tiles, a.N});
     a.partial_m2 = float_pointer(partial_m2, "partial_m2", p, {tiles, a.N});
   }
-  a.batches_tracked = counter_pointer(batches_tracked, p);
+  a.batches_tracked = counter(batches_tracked, "batches_tracked", p);
   if (workspace) {
     if (workspace->dim() != 1) fail("workspace must be 1-D, got shape " + shape_string(*workspace));
     check(*workspace, "workspace", p, ScalarType::Byte, {workspace->size(0)});
@@ -174,7 +166,7 @@ void finish_normalize(Tensor y, Tensor out, Tensor partial_mean, Tensor partial_
   if (running_mean.has_value() != running_var.has_value()) fail("running_mean and running_var go together");
   a.running_mean = written_vector(running_mean, "running_mean", p, a.N);
   a.running_var = written_vector(running_var, "running_var", p, a.N);
-  a.batches_tracked = counter_pointer(batches_tracked, p);
+  a.batches_tracked = counter(batches_tracked, "batches_tracked", p);
   a.cumulative = !momentum.has_value();
   a.momentum = momentum.value_or(0.0);
   if (!(eps > 0)) fail("eps must be positive");

@@ -122,6 +122,17 @@ inline void* written_vector(const OptionalTensor& t, const char* name, const Pro
   return t->data_ptr();
 }
 
+// A batch counter the kernels read or increment (num_batches_tracked): one int64 element on the problem's device; its
+// data or nullptr.
+inline int64_t* counter(const OptionalTensor& t, const char* name, const Problem& p) {
+  if (!t) return nullptr;
+  if (t->numel() != 1 || t->scalar_type() != ScalarType::Long || !t->is_cuda() || t->get_device_index() != p.device) {
+    fail(std::string(name) + " must be one int64 element on x's device, got " + dtype_name(t->scalar_type()) +
+         " of shape " + shape_string(*t));
+  }
+  return static_cast<int64_t*>(t->data_ptr());
+}
+
 // The problem of a 2-D CUDA tensor of a fused dtype (x, or dout in the backward).
 inline Problem problem_of(const Tensor& x, const char* name) {
   if (!x.is_cuda()) fail(std::string(name) + " must be a CUDA tensor (the fused kernels run on sm90 GPUs)");

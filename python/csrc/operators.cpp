@@ -14,6 +14,68 @@ namespace {
 
 using namespace gemmbn_operators;
 
+// The training GEMM and the finish reading its y and partials: the statistics' partials per tile of the GEMM's
+// epilogue or per row chunk of the finish's pass over y (the rule, api.h: train_statistics_from_y), in `scratch`,
+// which is allocated here (reserve anything else in it first); y allocated. The caller sets the finish's uses of
+// the statistics (out, or moments) and launches both (api.h: train_forward).
+struct TrainingLaunch {
+  gemmbn::GemmScaleStatsArgs gemm;
+  gemmbn::FinishNormalizeArgs finish;
+  Tensor y;
+};
+TrainingLaunch training_launch(Tensor& x, Tensor& weight, OptionalTensor& bias, OptionalTensor& scale,
+                               const OptionalTensor& weight_split, const OptionalTensor& weight_unscale,
+                               const Problem& p, Scratch& scratch) {
+  std::optional<size_t> x_scale_at;
+  gemmbn::GemmScaleStatsArgs g = gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, scratch, x_scale_at);
+  const int64_t M = g.M, N = g.N;
+  const bool from_y = gemmbn::train_statistics_from_y(gemmbn::gemm_operands(g), g.M, g.N, g.K);
+  int tile_rows = 0;
+  if (from_y) {
+    raise_on_error(gemmbn::finish_partial_rows(p.kernel_dtype, g.M, g.N, tile_rows));
+  } else {
+    int row[gemmbn::kConfigFields];
+    if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(g), -1, g.M, g.N, g.K, row, true)) fail("no GEMM configuration");
+    tile_rows = row[gemmbn::kConfigFields - 1];
+  }
+  const int64_t tiles = (M + tile_rows - 1) / tile_rows;
+  Tensor y = empty(x, {M, N}, p.dtype);
+  // Per (row block, column) mean and M2 of y as stored: the means, then the M2s.
+  const size_t partials_at = scratch.add(sizeof(float) * 2 * tiles * N);
+  static float statistics_marker;  // the workspace query reads only whether partials are given
+  if (!from_y) g.partial_mean = g.partial_m2 = &statistics_marker;
+  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
+  scratch.allocate(x);
+  bind_scratch(g, scratch, x_scale_at, workspace_at);
+  g.y = y.data_ptr();
+  gemmbn::FinishNormalizeArgs f;
+  f.dtype = p.kernel_dtype;
+  f.y = y.data_ptr();
+  f.M = g.M, f.N = g.N, f.tile_rows = tile_rows, f.partials_from_y = from_y;
+  f.partial_mean = scratch.at<float>(partials_at);
+  f.partial_m2 = f.partial_mean + tiles * N;
+  if (!from_y) g.partial_mean = f.partial_mean, g.partial_m2 = f.partial_m2;
+  return {g, f, y};
+}
+
+// The finish's uses of the batch statistics: gamma, beta, the running statistics (momentum=None averages cumulatively
+// over the counted batches; with nothing counted, nn.BatchNorm1d's factor is 0) and eps.
+void bind_statistics_uses(gemmbn::FinishNormalizeArgs& f, OptionalTensor& gamma, OptionalTensor& beta,
+                          const OptionalTensor& running_mean, const OptionalTensor& running_var,
+                          const OptionalTensor& num_batches_tracked, std::optional<double> momentum, double eps,
+                          const Problem& p) {
+  f.gamma = read_vector(gamma, "gamma", p, f.N);
+  f.beta = read_vector(beta, "beta", p, f.N);
+  if (running_mean.has_value() != running_var.has_value()) fail("running_mean and running_var go together");
+  f.running_mean = written_vector(running_mean, "running_mean", p, f.N);
+  f.running_var = written_vector(running_var, "running_var", p, f.N);
+  f.batches_tracked = counter(num_batches_tracked, "num_batches_tracked", p);
+  f.cumulative = !momentum.has_value() && f.batches_tracked != nullptr;
+  f.momentum = momentum.value_or(0.0);
+  if (!(eps > 0)) fail("eps = " + std::to_string(eps) + " is not positive (the kernels need sqrt(var + eps) > 0)");
+  f.eps = eps;
+}
+
 // (out, pre_norm, save_mean, save_invstd): y = (x W^T + b) s; out = (y - mean) invstd gamma + beta with the batch
 // statistics; running statistics and num_batches_tracked updated in place (api.h: train_forward).
 std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
@@ -25,69 +87,67 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   const Problem p = problem_of(x, "x");
   torch::stable::accelerator::DeviceGuard guard(p.device);
   Scratch scratch;
-  std::optional<size_t> x_scale_at;
   OptionalTensor scale_read = scale;
-  gemmbn::GemmScaleStatsArgs g =
-      gemm_arguments(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, x_scale_at);
-  const int64_t M = g.M, N = g.N;
-  // The statistics' partials: per tile of the GEMM's epilogue, or per row chunk of the finish's pass over y.
-  const bool from_y = gemmbn::train_statistics_from_y(gemmbn::gemm_operands(g), g.M, g.N, g.K);
-  int tile_rows = 0;
-  if (from_y) {
-    raise_on_error(gemmbn::finish_partial_rows(p.kernel_dtype, g.M, g.N, tile_rows));
-  } else {
-    int row[gemmbn::kConfigFields];
-    if (!gemmbn::gemm_config_row(gemmbn::gemm_operands(g), -1, g.M, g.N, g.K, row, true)) fail("no GEMM configuration");
-    tile_rows = row[gemmbn::kConfigFields - 1];
-  }
-  const int64_t tiles = (M + tile_rows - 1) / tile_rows;
-
-  Tensor y = empty(x, {M, N}, p.dtype);
+  auto [g, f, y] = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch);
   // Normalize in place unless y itself is kept for the backward.
-  Tensor out = keep_pre_norm ? empty(x, {M, N}, p.dtype) : y;
-  Tensor save_mean = empty(x, {N}, ScalarType::Float);
-  Tensor save_invstd = empty(x, {N}, ScalarType::Float);
-  // Per (row block, column) mean and M2 of y as stored: the means, then the M2s.
-  const size_t partials_at = scratch.add(sizeof(float) * 2 * tiles * N);
-  static float statistics_marker;  // the workspace query reads only whether partials are given
-  if (!from_y) g.partial_mean = g.partial_m2 = &statistics_marker;
-  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
-  scratch.allocate(x);
-  bind_scratch(g, scratch, x_scale_at, workspace_at);
-  g.y = y.data_ptr();
-
-  gemmbn::FinishNormalizeArgs f;
-  f.dtype = p.kernel_dtype;
-  f.y = y.data_ptr(), f.out = out.data_ptr();
-  f.M = g.M, f.N = g.N, f.tile_rows = tile_rows, f.partials_from_y = from_y;
-  f.partial_mean = scratch.at<float>(partials_at);
-  f.partial_m2 = f.partial_mean + tiles * N;
-  if (!from_y) g.partial_mean = f.partial_mean, g.partial_m2 = f.partial_m2;
-  f.gamma = read_vector(gamma, "gamma", p, N);
-  f.beta = read_vector(beta, "beta", p, N);
-  if (running_mean.has_value() != running_var.has_value()) fail("running_mean and running_var go together");
-  f.running_mean = written_vector(running_mean, "running_mean", p, N);
-  f.running_var = written_vector(running_var, "running_var", p, N);
-  if (num_batches_tracked) {
-    const Tensor& counter = *num_batches_tracked;
-    if (counter.numel() != 1 || counter.scalar_type() != ScalarType::Long || !counter.is_cuda() ||
-        counter.get_device_index() != p.device) {
-      fail("num_batches_tracked must be one int64 element on x's device, got " + std::string(dtype_name(counter.scalar_type())) +
-           " of shape " + shape_string(counter));
-    }
-    f.batches_tracked = static_cast<int64_t*>(counter.data_ptr());
-    if (!from_y) g.batches_tracked = f.batches_tracked;  // the launch that counts the batch
-  }
-  // momentum=None averages cumulatively over the counted batches; with nothing counted, nn.BatchNorm1d's factor is 0.
-  f.cumulative = !momentum.has_value() && f.batches_tracked != nullptr;
-  f.momentum = momentum.value_or(0.0);
-  if (!(eps > 0)) fail("eps = " + std::to_string(eps) + " is not positive (the kernels need sqrt(var + eps) > 0)");
-  f.eps = eps;
+  Tensor out = keep_pre_norm ? empty(x, {g.M, g.N}, p.dtype) : y;
+  Tensor save_mean = empty(x, {g.N}, ScalarType::Float);
+  Tensor save_invstd = empty(x, {g.N}, ScalarType::Float);
+  f.out = out.data_ptr();
   f.save_mean = static_cast<float*>(save_mean.data_ptr());
   f.save_invstd = static_cast<float*>(save_invstd.data_ptr());
+  bind_statistics_uses(f, gamma, beta, running_mean, running_var, num_batches_tracked, momentum, eps, p);
+  if (!f.partials_from_y) g.batches_tracked = f.batches_tracked;  // the launch that counts the batch
   raise_on_error(gemmbn::train_forward(g, f, current_stream(p.device)));
   Tensor pre_norm = keep_pre_norm ? y : empty(x, {0}, p.dtype);
   return {out, pre_norm, save_mean, save_invstd};
+}
+
+// Batch statistics over a process group's ranks (issue 19; python/gemmbn/distributed.py calls both around its
+// collective). (y, moments): y = (x W^T + b) s and this batch's per-column moments [3, N] float32 (rows, mean_y, M2),
+// the training GEMM with its partials then finish_normalize's statistics alone (api.h: FinishNormalizeArgs.moments).
+std::tuple<Tensor, Tensor> train_moments(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale,
+                                         OptionalTensor weight_split, OptionalTensor weight_unscale) {
+  const Problem p = problem_of(x, "x");
+  torch::stable::accelerator::DeviceGuard guard(p.device);
+  Scratch scratch;
+  OptionalTensor scale_read = scale;
+  auto [g, f, y] = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch);
+  Tensor moments = empty(x, {3, g.N}, ScalarType::Float);
+  f.moments = static_cast<float*>(moments.data_ptr());
+  raise_on_error(gemmbn::train_forward(g, f, current_stream(p.device)));
+  return {y, moments};
+}
+
+// (out, save_mean, save_invstd): y [M, N] normalized with the statistics of the ranks' moments gathered in rank order
+// [ranks, 3, N] (train_moments's, a rank without rows contributing zeros), gamma and beta applied, the running
+// statistics moved with them (api.h: FinishNormalizeArgs.rank_moments). num_batches_tracked is read for
+// momentum=None, not counted: the caller counts the batch first.
+std::tuple<Tensor, Tensor, Tensor> normalize_from_moments(
+    Tensor y, Tensor rank_moments, OptionalTensor gamma, OptionalTensor beta, OptionalTensor running_mean,
+    OptionalTensor running_var, OptionalTensor num_batches_tracked, std::optional<double> momentum, double eps) {
+  const Problem p = problem_of(y, "y");
+  torch::stable::accelerator::DeviceGuard guard(p.device);
+  const int M = checked_int(y.size(0), "M"), N = checked_int(y.size(1), "N");
+  y = readable(y, "y", p, p.dtype, {M, N});
+  if (rank_moments.dim() != 3 || rank_moments.size(1) != 3) {
+    fail("rank_moments must be [ranks, 3, N] (each rank's rows, mean and M2), got shape " + shape_string(rank_moments));
+  }
+  const int ranks = checked_int(rank_moments.size(0), "ranks");
+  rank_moments = readable(rank_moments, "rank_moments", p, ScalarType::Float, {ranks, 3, N});
+  gemmbn::FinishNormalizeArgs f;
+  f.dtype = p.kernel_dtype;
+  f.M = M, f.N = N, f.tile_rows = 1;
+  f.rank_moments = static_cast<const float*>(rank_moments.data_ptr()), f.ranks = ranks;
+  bind_statistics_uses(f, gamma, beta, running_mean, running_var, num_batches_tracked, momentum, eps, p);
+  Tensor out = empty(y, {M, N}, p.dtype);
+  Tensor save_mean = empty(y, {N}, ScalarType::Float);
+  Tensor save_invstd = empty(y, {N}, ScalarType::Float);
+  f.y = y.data_ptr(), f.out = out.data_ptr();
+  f.save_mean = static_cast<float*>(save_mean.data_ptr());
+  f.save_invstd = static_cast<float*>(save_invstd.data_ptr());
+  raise_on_error(gemmbn::finish_normalize(f, current_stream(p.device)));
+  return {out, save_mean, save_invstd};
 }
 
 // out = ((x W^T + b) s - running_mean) / sqrt(running_var + eps) gamma + beta: bias, scale and the running statistics
@@ -327,6 +387,10 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
         "Tensor running_mean, Tensor running_var, float eps, Tensor? weight_split, Tensor? weight_unscale) -> Tensor");
   m.def("linear_scale(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? weight_split, "
         "Tensor? weight_unscale) -> Tensor");
+  m.def("train_moments(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? weight_split, "
+        "Tensor? weight_unscale) -> (Tensor, Tensor)");
+  m.def("normalize_from_moments(Tensor y, Tensor rank_moments, Tensor? gamma, Tensor? beta, Tensor(a!)? running_mean, "
+        "Tensor(b!)? running_var, Tensor? num_batches_tracked, float? momentum, float eps) -> (Tensor, Tensor, Tensor)");
   m.def("split_weight(Tensor weight) -> (Tensor, Tensor)");
   m.def("split_columns(Tensor t) -> (Tensor, Tensor)");
   m.def("split_matmul(Tensor a, Tensor b_split, Tensor b_unscale, Tensor? a_row_max=None) -> Tensor");
@@ -342,6 +406,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
   m.impl("train_forward", TORCH_BOX(&train_forward));                 \
   m.impl("eval_forward", TORCH_BOX(&eval_forward));                   \
   m.impl("linear_scale", TORCH_BOX(&linear_scale));                   \
+  m.impl("train_moments", TORCH_BOX(&train_moments));                 \
+  m.impl("normalize_from_moments", TORCH_BOX(&normalize_from_moments)); \
   m.impl("split_weight", TORCH_BOX(&split_weight));                   \
   m.impl("split_columns", TORCH_BOX(&split_columns));                 \
   m.impl("split_matmul", TORCH_BOX(&split_matmul));                   \

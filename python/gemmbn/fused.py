@@ -141,3 +141,22 @@ def transpose_with_maxima(t: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 def linear_scale(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor | None, gemm_kind: str) -> Tensor:
     """y = (x W^T + b) s on the fused GEMM without statistics (the eval backward's y; scale None: 1)."""
     return _call(operator("linear_scale"), x, weight, bias, scale, *_split_weight(weight, gemm_kind))
+
+
+def train_moments(x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gemm_kind: str) -> tuple[Tensor, Tensor]:
+    """(y = (x W^T + b) s, moments [3, N] float32: rows, mean and M2 of y's columns): the synchronized forward's first
+    launches, before the ranks' collective (distributed.py)."""
+    return _call(operator("train_moments"), x, weight, bias, scale, *_split_weight(weight, gemm_kind))
+
+
+def normalize_from_moments(
+    y: Tensor, rank_moments: Tensor, gamma: Tensor | None, beta: Tensor | None, running_mean: Tensor | None,
+    running_var: Tensor | None, num_batches_tracked: Tensor | None, momentum: float | None, eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(out, save_mean, save_invstd): y normalized with the statistics of the ranks' moments [ranks, 3, N] (float32,
+    rank order), the running statistics moved with them; num_batches_tracked is read, not counted."""
+    result = _call(operator("normalize_from_moments"), y, rank_moments, gamma, beta, running_mean, running_var,
+                   num_batches_tracked, momentum, eps)  # fmt: skip
+    if not torch.compiler.is_compiling():
+        increment_version([t for t in (running_mean, running_var) if t is not None])
+    return result

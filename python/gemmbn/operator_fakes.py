@@ -29,6 +29,17 @@ def _linear_scale(x, weight, bias, scale, weight_split, weight_unscale):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+def _train_moments(x, weight, bias, scale, weight_split, weight_unscale):
+    M, N = x.shape[0], weight.shape[0]
+    return x.new_empty((M, N)), x.new_empty((3, N), dtype=torch.float32)
+
+
+def _normalize_from_moments(y, rank_moments, gamma, beta, running_mean, running_var, num_batches_tracked, momentum,
+                            eps):  # fmt: skip
+    N = y.shape[1]
+    return y.new_empty(y.shape), y.new_empty(N, dtype=torch.float32), y.new_empty(N, dtype=torch.float32)
+
+
 def _split_weight(weight: Tensor):
     N, K = weight.shape
     columns = -(-K // 32) * 64  # api.h's split_weight_columns: hi and lo of every 32-column slice, zero-padded
@@ -62,6 +73,8 @@ _FAKES = {
     "train_forward": _train_forward,
     "eval_forward": _eval_forward,
     "linear_scale": _linear_scale,
+    "train_moments": _train_moments,
+    "normalize_from_moments": _normalize_from_moments,
     "split_weight": _split_weight,
     "split_columns": _split_columns,
     "split_matmul": _split_matmul,

@@ -167,7 +167,8 @@ struct FinishNormalizeArgs {
   float* save_invstd = nullptr;  // [N] 1/sqrt(var_y + eps)
   // Batch statistics over a process group's ranks (issue 19: two launches around a collective; perf/NOTES.md v18):
   // - moments [3, N] (fp32): the launch stops after the column statistics and writes this batch's rows, mean_y and
-  //   M2 = rows var_y per column; out, save_mean/save_invstd, the running statistics and batches_tracked are unused.
+  //   M2 = rows var_y per column (M >= 1); out, save_mean/save_invstd, the running statistics and batches_tracked are
+  //   unused.
   // - rank_moments [ranks, 3, N] (fp32): the ranks' moments in rank order take the partials' place (partial_mean,
   //   partial_m2, tile_rows and partials_from_y unused): mean_y and var_y of all the ranks' rows normalize this
   //   batch's M >= 1 rows of y, and the running statistics move with them (unbiased over the ranks' rows);
