@@ -180,3 +180,79 @@ def test_compiled_fullgraph_synchronized_step(tmp_path):
             torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
     finally:
         dist.destroy_process_group()
+
+
+# The fused synchronized route's Python (distributed._forward_train_fused: its autograd wiring, collectives, batch
+# count, the dummy row of a rank without rows) on the CPU, with the two native operators replaced by their contracts
+# in PyTorch ops (the kernels themselves: tests/test_finish_emulated.py's three-rank case, and the GPU test in
+# tests/test_fused_gpu.py). float32, as the fused route takes.
+
+
+def _train_moments_contract(x, weight, bias, scale, gemm_kind):
+    """fused.train_moments's contract: y and its columns' [3, N] float32 (rows, mean, M2)."""
+    y = (x @ weight.t() + bias) * scale
+    y64 = y.double()
+    mean = y64.mean(0)
+    return y, torch.stack([torch.full_like(mean, y.shape[0]), mean, ((y64 - mean) ** 2).sum(0)]).float()
+
+
+def _normalize_from_moments_contract(y, rank_moments, gamma, beta, running_mean, running_var, num_batches_tracked,
+                                     momentum, eps):  # fmt: skip
+    """fused.normalize_from_moments's contract: the statistics of every rank's moments (float64 merge), the running
+    statistics moved with them (num_batches_tracked read, not counted), y normalized."""
+    counts, means, m2s = rank_moments.double().unbind(1)
+    rows = counts.sum(0)
+    mean = (counts * means).sum(0) / rows
+    var = (m2s + counts * (means - mean) ** 2).sum(0) / rows
+    factor = momentum if momentum is not None else 1.0 / num_batches_tracked.item()
+    running_mean.copy_((1 - factor) * running_mean.double() + factor * mean)
+    running_var.copy_((1 - factor) * running_var.double() + factor * var * rows / (rows - 1))
+    invstd = torch.rsqrt(var + eps)
+    out = (y.double() - mean) * invstd * gamma.double() + beta.double()
+    return out.to(y.dtype), mean.float(), invstd.float()
+
+
+def _fused_rank_main(rank: int, world: int, store: str, momentum, out_dir: str) -> None:
+    from gemmbn import distributed, fused
+
+    calls = []
+    os.environ[distributed.SYNC_FUSED] = "1"
+    distributed.fused_unavailable_reason = lambda x: None
+    fused.train_moments = lambda *a: calls.append("train_moments") or _train_moments_contract(*a)
+    fused.normalize_from_moments = lambda *a: calls.append("normalize") or _normalize_from_moments_contract(*a)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    model = gemmbn.convert_sync_batchnorm(_model(momentum).float())
+    rows = slice(sum(ROWS[:rank]), sum(ROWS[:rank + 1]))
+    results = [_step(model, *(t[rows].float() for t in _batches(step))) for step in range(STEPS)]
+    results.append({"calls": calls})
+    torch.save(results, f"{out_dir}/rank{rank}.pt")
+    _leave_rank()
+
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "momentum_none"])
+def test_fused_route_equals_single_process_training(tmp_path, momentum):
+    """The three ranks (5, 0 and 8 rows) on the fused route: outputs, x's gradients, the ranks' summed parameter
+    gradients and the running statistics against single-process float64 training on the concatenated batch, within
+    float32's rounding (1e-5 relative; 1e-5 absolute, since the ranks' scale gradients, ~6 each, cancel to ~1e-4 in
+    their sum, which keeps float32's ~1e-6 absolute rounding of the parts; a wrong formula errs by ~1); the running
+    statistics bitwise equal on every rank, the empty one's included (it runs the same launch on a row of zeros);
+    each rank called train_moments only when it had rows and normalize_from_moments once a step."""
+    world = len(ROWS)
+    mp.spawn(_fused_rank_main, args=(world, str(tmp_path / "store"), momentum, str(tmp_path)), nprocs=world,
+             join=True)  # fmt: skip
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    expected = _single_process(momentum)
+    close = {"rtol": 1e-5, "atol": 1e-5}
+    for step, single in enumerate(expected):
+        per_rank = [r[step] for r in ranks]
+        torch.testing.assert_close(torch.cat([r["out"] for r in per_rank]).double(), single["out"], **close)
+        torch.testing.assert_close(torch.cat([r["x_grad"] for r in per_rank]).double(), single["x_grad"], **close)
+        for name, grad in single["grads"].items():
+            torch.testing.assert_close(sum(r["grads"][name] for r in per_rank).double(), grad, **close, msg=name)
+        for key, value in single["state"].items():
+            for r in per_rank:
+                torch.testing.assert_close(r["state"][key].to(value.dtype), value, **close, msg=key)
+                assert torch.equal(r["state"][key], per_rank[0]["state"][key]), f"{key} differs between ranks"
+    for rank, rows in enumerate(ROWS):
+        expected_calls = (["train_moments"] * (rows > 0) + ["normalize"]) * STEPS
+        assert ranks[rank][STEPS]["calls"] == expected_calls, rank

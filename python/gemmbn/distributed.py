@@ -13,12 +13,22 @@ forward reads no value back to the host.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .backward import grad_y_batch_statistics
+from . import fused
+from . import precision as precision_mod
+from ._native import Refused, fused_unavailable_reason
+from .backward import _reference_grads, _torch_gemm_precision, grad_y_batch_statistics
+from .fallback import warn_once
 from .reference import _update_running_stats, linear_scale, statistics_dtype
+
+# The fused synchronized forward (train_moments, a collective, normalize_from_moments), an experiment not yet run on a
+# GPU (perf/NOTES.md v18): on with GEMMBN_SYNC_FUSED=1 in every rank's environment, read per call.
+SYNC_FUSED = "GEMMBN_SYNC_FUSED"
 
 
 def _gather_in_rank_order(t: Tensor, process_group) -> list[Tensor]:
@@ -28,14 +38,27 @@ def _gather_in_rank_order(t: Tensor, process_group) -> list[Tensor]:
     return gathered
 
 
-def global_moments(y: Tensor, process_group) -> tuple[Tensor, Tensor, Tensor]:
-    """(count, mean, biased variance) per column of y's rows on every rank, float64 [N] each."""
+def _local_moments(y: Tensor) -> Tensor:
+    """[3, N] float64: the rows, mean and M2 of y's columns (what every rank contributes, on either route)."""
     local = y.detach().to(torch.float64)
     count = torch.full((y.shape[1],), float(y.shape[0]), dtype=torch.float64, device=y.device)
     mean = local.mean(0) if y.shape[0] else torch.zeros_like(count)
-    m2 = ((local - mean) ** 2).sum(0)
+    return torch.stack([count, mean, ((local - mean) ** 2).sum(0)])
+
+
+def global_moments(y: Tensor, process_group, moments: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(count, mean, biased variance) per column of y's rows on every rank, float64 [N] each; ``moments``: this
+    rank's _local_moments where already made (the fused route's, from its kernels)."""
+    gathered = _gather_in_rank_order(_local_moments(y) if moments is None else moments, process_group)
+    return _merge_in_rank_order(gathered)
+
+
+def _merge_in_rank_order(gathered: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """(count, mean, biased variance) [N] of the ranks' [3, N] moments, merged in rank order in float64 (Chan et al.'s
+    pairwise merge): every rank gets bitwise the same."""
+    count = gathered[0][0].to(torch.float64)
     total_count, total_mean, total_m2 = (torch.zeros_like(count) for _ in range(3))
-    for n, m, s in _gather_in_rank_order(torch.stack([count, mean, m2]), process_group):
+    for n, m, s in (g.to(torch.float64) for g in gathered):
         merged = total_count + n
         weight = torch.where(merged > 0, n / merged, torch.zeros_like(n))  # ranks without rows add nothing
         delta = m - total_mean
@@ -75,18 +98,116 @@ class _SynchronizedNormalization(torch.autograd.Function):
         return grad_y.to(y.dtype), dgamma, dbeta, None, None, None, None
 
 
+class _FusedLinearScale(torch.autograd.Function):
+    """(y, moments) = fused.train_moments: y = (x W^T + b) s on gemmbn's GEMM and this rank's [3, N] moments of y (not
+    differentiable). The backward is y's: dx, dW, db and ds from dL/dy in PyTorch ops at the route's precision."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, scale, gemm_kind):
+        y, moments = fused.train_moments(x, weight, bias, scale, gemm_kind)
+        ctx.mark_non_differentiable(moments)
+        ctx.save_for_backward(x, weight, bias, scale, y)
+        ctx.gemm_kind = gemm_kind
+        return y, moments
+
+    @staticmethod
+    def backward(ctx, grad_y, _):
+        x, weight, bias, scale, y = ctx.saved_tensors
+        grad = grad_y.to(statistics_dtype(y.dtype))
+        needs = list(ctx.needs_input_grad[:4])
+        explicit = {precision_mod.SPLIT_FP32: "highest", precision_mod.TF32: "high"}.get(ctx.gemm_kind)
+        with precision_mod.float32_matmul_precision(explicit) if explicit else _torch_gemm_precision(ctx.gemm_kind):
+            grads = _reference_grads(grad, grad.sum(0), (grad * y.to(grad.dtype)).sum(0), x, weight, bias, scale, needs)
+        return (*grads, None)
+
+
+class _SynchronizedFusedNormalization(_SynchronizedNormalization):
+    """_SynchronizedNormalization whose forward is fused.normalize_from_moments: y normalized with the statistics of
+    the ranks' gathered moments, the running statistics moved with them in the same launch. A rank without rows runs
+    the same launch on a row of zeros, so that its running statistics are bitwise the other ranks'."""
+
+    @staticmethod
+    def forward(ctx, y, gamma, beta, rank_moments, count, process_group, running):
+        rows = y if y.shape[0] else y.new_zeros((1, y.shape[1]))
+        out, mean, invstd = fused.normalize_from_moments(rows, rank_moments, gamma, beta, *running)
+        math = statistics_dtype(y.dtype)
+        ctx.save_for_backward(y, gamma, mean.to(math), invstd.to(math), count)
+        ctx.process_group, ctx.has_beta = process_group, beta is not None
+        return out[: y.shape[0]]
+
+
+def fused_route(x: Tensor) -> bool:
+    """Whether the synchronized forward takes the fused launches (the SYNC_FUSED experiment on, x on a GPU they run
+    on, eager: traced code keeps the PyTorch route)."""
+    return (os.environ.get(SYNC_FUSED) == "1" and not torch.compiler.is_compiling()
+            and fused_unavailable_reason(x) is None)  # fmt: skip
+
+
+def _forward_train_fused(
+    x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gamma: Tensor | None, beta: Tensor | None,
+    running_mean: Tensor | None, running_var: Tensor | None, num_batches_tracked: Tensor | None,
+    momentum: float | None, eps: float, process_group,
+) -> Tensor:
+    """forward_train on the fused launches: train_moments, the ranks' moments gathered in rank order (the PyTorch
+    route's collective: [3, N] float64 each, so ranks on either route agree), normalize_from_moments. None if the
+    first launch refused (nothing communicated yet: the caller takes the PyTorch route)."""
+    gemm_kind = precision_mod.resolve(x.dtype, precision_mod.FOLLOW_TORCH)  # the caller set the layer's precision
+    if x.shape[0]:
+        try:
+            y, moments = _FusedLinearScale.apply(x, weight, bias, scale, gemm_kind)
+        except Refused as refusal:
+            warn_once(refusal.reason)
+            return None
+        moments = moments.to(torch.float64)
+    else:
+        y = linear_scale(x, weight, bias, scale)
+        moments = _local_moments(y)
+    gathered = _gather_in_rank_order(moments, process_group)
+    count = torch.stack(gathered)[:, 0].sum(0)  # every rank's rows; exact in float64
+    math = statistics_dtype(y.dtype)
+    if num_batches_tracked is not None:
+        with torch.no_grad():
+            num_batches_tracked.add_(1)  # normalize_from_moments reads the count (momentum=None)
+    running = (running_mean, running_var, num_batches_tracked, momentum, eps)
+    try:
+        return _SynchronizedFusedNormalization.apply(y, gamma, beta, torch.stack(gathered).float(), count.to(math),
+                                                     process_group, running)  # fmt: skip
+    except Refused as refusal:  # after the collective: the same statistics, merged in PyTorch
+        warn_once(refusal.reason)
+        count, mean, biased_var = _merge_in_rank_order(gathered)
+        return _normalize_with(y, gamma, beta, count, mean, biased_var, running_mean, running_var,
+                               num_batches_tracked, momentum, eps, process_group, count_batch=False)  # fmt: skip
+
+
 def forward_train(
     x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gamma: Tensor | None, beta: Tensor | None,
     running_mean: Tensor | None, running_var: Tensor | None, num_batches_tracked: Tensor | None,
     momentum: float | None, eps: float, process_group,
 ) -> Tensor:
     """linear_scale_batch_norm's batch-statistics forward with the statistics of every rank in process_group."""
+    if fused_route(x):
+        out = _forward_train_fused(x, weight, bias, scale, gamma, beta, running_mean, running_var,
+                                   num_batches_tracked, momentum, eps, process_group)  # fmt: skip
+        if out is not None:
+            return out
     y = linear_scale(x, weight, bias, scale)
     count, mean, biased_var = global_moments(y, process_group)
+    return _normalize_with(y, gamma, beta, count, mean, biased_var, running_mean, running_var, num_batches_tracked,
+                           momentum, eps, process_group)  # fmt: skip
+
+
+def _normalize_with(
+    y: Tensor, gamma: Tensor | None, beta: Tensor | None, count: Tensor, mean: Tensor, biased_var: Tensor,
+    running_mean: Tensor | None, running_var: Tensor | None, num_batches_tracked: Tensor | None,
+    momentum: float | None, eps: float, process_group, count_batch: bool = True,
+) -> Tensor:
+    """The PyTorch route's normalization with the global statistics (float64 [N] each): the batch counted (when
+    num_batches_tracked is given and the batch not counted yet), the running statistics moved, y normalized
+    (_SynchronizedNormalization)."""
     math = statistics_dtype(y.dtype)
     invstd = torch.rsqrt(biased_var + eps)
     with torch.no_grad():
-        if num_batches_tracked is not None:
+        if num_batches_tracked is not None and count_batch:
             num_batches_tracked.add_(1)
         if running_mean is not None and running_var is not None:
             _update_running_stats(running_mean, running_var, num_batches_tracked, momentum,

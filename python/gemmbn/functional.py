@@ -123,8 +123,9 @@ def linear_scale_batch_norm(
     )
     precision = precision_mod.validate(precision)  # None -> read the global setting when the op runs
     if synchronized:
-        warn_once(fused_unavailable_reason(x) or "batch statistics over a process group run on the PyTorch route "
-                  "(the fused kernels' synchronized path is issue 19's next step)")
+        if not distributed.fused_route(x):
+            warn_once(fused_unavailable_reason(x) or "batch statistics over a process group run on the PyTorch route "
+                      f"(the fused launches are an experiment, on with {distributed.SYNC_FUSED}=1)")
         # PyTorch's own setting needs no context (reading it would break a torch.compile graph).
         explicit = precision != precision_mod.FOLLOW_TORCH
         with precision_mod.float32_matmul_precision(precision) if explicit else contextlib.nullcontext():
