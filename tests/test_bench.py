@@ -217,3 +217,28 @@ def test_cuda_facts_report_the_device_or_name_the_cuda_error():
         with pytest.raises(RuntimeError, match="cudaProfilerStart failed: cudaError"):
             with cuda_facts.profiled():
                 pass
+
+
+def test_sync_step_times_every_rank_on_the_cpu(tmp_path):
+    """perf/sync_step.py --spawn 2 (gloo ranks on the CPU, the GPU-only providers left out): a row per (mode,
+    provider) with the world size, positive medians, the slowest rank's median at least rank 0's, and the ratio to
+    the unsynchronized layer computed from the slowest ranks."""
+    import csv
+
+    sys.path.insert(0, str(PERF))  # sync_step imports perf/train_step.py; the spawned ranks import sync_step
+    try:
+        sync_step = importlib.import_module("sync_step")
+        assert sync_step.main(["--spawn", "2", "--sizes", "24 16 8", "--configs", "fp32", "--iters", "2",
+                               "--out", str(tmp_path / "sync.csv")]) == 0  # fmt: skip
+    finally:
+        sys.path.remove(str(PERF))
+    with open(tmp_path / "sync.csv") as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    assert {(r["mode"], r["provider"]) for r in rows} == {
+        (mode, provider) for mode in ("fwd", "fwd_bwd") for provider in ("gemmbn-single", "gemmbn-sync")}
+    single = {r["mode"]: float(r["slowest_rank_median_ms"]) for r in rows if r["provider"] == "gemmbn-single"}
+    for r in rows:
+        assert r["world"] == "2" and float(r["median_ms"]) > 0
+        assert float(r["slowest_rank_median_ms"]) >= float(r["median_ms"])
+        expected = float(r["slowest_rank_median_ms"]) / single[r["mode"]]
+        assert abs(float(r["over_gemmbn_single"]) - expected) <= 1e-3 * expected + 1e-3
