@@ -13,6 +13,7 @@ forward reads no value back to the host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -22,7 +23,7 @@ from torch import Tensor, nn
 from . import fused
 from . import precision as precision_mod
 from ._native import Refused, fused_unavailable_reason
-from .backward import _reference_grads, _torch_gemm_precision, grad_y_batch_statistics
+from .backward import _reference_grads, grad_y_batch_statistics
 from .fallback import warn_once
 from .reference import _update_running_stats, linear_scale, statistics_dtype
 
@@ -115,8 +116,9 @@ class _FusedLinearScale(torch.autograd.Function):
         x, weight, bias, scale, y = ctx.saved_tensors
         grad = grad_y.to(statistics_dtype(y.dtype))
         needs = list(ctx.needs_input_grad[:4])
+        # The float32 GEMMs at the forward's precision (16-bit y: grad is float32, at PyTorch's setting, as eager's).
         explicit = {precision_mod.SPLIT_FP32: "highest", precision_mod.TF32: "high"}.get(ctx.gemm_kind)
-        with precision_mod.float32_matmul_precision(explicit) if explicit else _torch_gemm_precision(ctx.gemm_kind):
+        with precision_mod.float32_matmul_precision(explicit) if explicit else contextlib.nullcontext():
             grads = _reference_grads(grad, grad.sum(0), (grad * y.to(grad.dtype)).sum(0), x, weight, bias, scale, needs)
         return (*grads, None)
 
