@@ -186,12 +186,16 @@ def forward_train(
     running_mean: Tensor | None, running_var: Tensor | None, num_batches_tracked: Tensor | None,
     momentum: float | None, eps: float, process_group,
 ) -> Tensor:
-    """linear_scale_batch_norm's batch-statistics forward with the statistics of every rank in process_group."""
+    """linear_scale_batch_norm's batch-statistics forward with the statistics of every rank in process_group: the
+    fused launches where fused_route allows them, else the PyTorch route (saying why, once)."""
     if fused_route(x):
         out = _forward_train_fused(x, weight, bias, scale, gamma, beta, running_mean, running_var,
                                    num_batches_tracked, momentum, eps, process_group)  # fmt: skip
         if out is not None:
             return out
+    else:
+        warn_once(fused_unavailable_reason(x) or "batch statistics over a process group run on the PyTorch route "
+                  f"(the fused launches are an experiment, on with {SYNC_FUSED}=1)")
     y = linear_scale(x, weight, bias, scale)
     count, mean, biased_var = global_moments(y, process_group)
     return _normalize_with(y, gamma, beta, count, mean, biased_var, running_mean, running_var, num_batches_tracked,

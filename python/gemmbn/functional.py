@@ -8,9 +8,8 @@ from torch import Tensor
 
 from . import distributed, ops
 from . import precision as precision_mod
-from ._native import Refused, fused_unavailable_reason
+from ._native import Refused
 from .errors import GemmBnTypeError, GemmBnValueError
-from .fallback import warn_once
 from .reference import check_batch_size
 
 
@@ -123,9 +122,6 @@ def linear_scale_batch_norm(
     )
     precision = precision_mod.validate(precision)  # None -> read the global setting when the op runs
     if synchronized:
-        if not distributed.fused_route(x):
-            warn_once(fused_unavailable_reason(x) or "batch statistics over a process group run on the PyTorch route "
-                      f"(the fused launches are an experiment, on with {distributed.SYNC_FUSED}=1)")
         # PyTorch's own setting needs no context (reading it would break a torch.compile graph).
         explicit = precision != precision_mod.FOLLOW_TORCH
         with precision_mod.float32_matmul_precision(precision) if explicit else contextlib.nullcontext():
