@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import csv
 import datetime
 import os
 import statistics
@@ -37,7 +36,7 @@ import torch.multiprocessing as mp
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from train_step import CONFIGS, _commit  # noqa: E402  (perf/ is not a package)
+from train_step import CONFIGS, _commit, write_csv  # noqa: E402  (perf/ is not a package)
 
 import gemmbn  # noqa: E402
 from gemmbn import distributed, timing  # noqa: E402
@@ -162,12 +161,7 @@ def _run(args, device: torch.device) -> None:
         print(f"| {M}×{K}→{N} | {config} | {mode} | {cells} |")
     print("(in parentheses: over gemmbn-single, the unsynchronized layer at the same per-rank shape)")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as f:
-            f.write(f"# {header}\n")
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out, header, COLUMNS, rows)
 
 
 def _spawned_rank(rank: int, world: int, store: str, args) -> None:

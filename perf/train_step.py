@@ -162,6 +162,16 @@ def table(rows: list[dict], providers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def write_csv(path: Path, header: str, columns: list[str], rows: list[dict]) -> None:
+    """rows under a "# header" line (the run's machine, versions and method), columns in this order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        f.write(f"# {header}\n")
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
     if not torch.cuda.is_available():
@@ -182,12 +192,7 @@ def main(argv=None) -> int:
               f"{args.iters} steps, {method}, providers interleaved in rotating rounds.")  # fmt: skip
     print("\n" + header + "\n\n" + table(rows, providers))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as f:
-            f.write(f"# {header}\n")
-            writer = csv.DictWriter(f, fieldnames=COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out, header, COLUMNS, rows)
     return 0
 
 
