@@ -14,7 +14,7 @@ import torch.distributed as dist
 from _gpu import CONFIGS, fused_path, model, rand_x, require_extension
 from _helpers import float64_grads, grads, reference_copy
 from conftest import requires_sm90
-from test_backward_gpu import EAGER_PRECISION, _assert_within_eager
+from test_backward_gpu import EAGER_PRECISION, ERROR_RATIO, _assert_within_eager
 from test_fused_gpu import _assert_close_to_float64
 
 import gemmbn
@@ -65,3 +65,95 @@ def test_one_rank_fused_synchronized_step(name, one_rank, monkeypatch):
         for key in ("running_mean", "running_var"):
             _assert_close_to_float64(getattr(layer.bn, key), getattr(bn64, key), dtype, precision, key, M)
         _assert_within_eager(name, actual, baseline, expected, f"step {step}: ")
+
+
+SHARED_GPU_ROWS = (600, 0, 424)  # three ranks on one GPU: uneven, one without rows
+SHARED_GPU_SHAPE = (512, 264)  # K, N
+
+
+def _shared_gpu_batch(dtype):
+    """(x, dout) of the whole batch, the same on every rank (seeded on the CPU)."""
+    generator = torch.Generator().manual_seed(7)
+    K, N = SHARED_GPU_SHAPE
+    x = torch.rand(sum(SHARED_GPU_ROWS), K, generator=generator)
+    return x.to("cuda", dtype), torch.randn(x.shape[0], N, generator=generator, dtype=torch.float64)
+
+
+def _shared_gpu_rank(rank: int, world: int, store: str, out_dir: str) -> None:
+    """One rank of three sharing the GPU (gloo: NCCL refuses two ranks on one device): every precision's step on the
+    fused route, its rows' output and gradients and the layer's state saved for the parent to compare."""
+    import os
+
+    os.environ[distributed.SYNC_FUSED] = "1"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    rows = slice(sum(SHARED_GPU_ROWS[:rank]), sum(SHARED_GPU_ROWS[: rank + 1]))
+    calls = []
+    real = fused.train_moments
+    fused.train_moments = lambda *a: calls.append(1) or real(*a)
+    results = {}
+    for name, (dtype, precision) in CONFIGS.items():
+        layer = gemmbn.convert_sync_batchnorm(model(dtype, precision, *SHARED_GPU_SHAPE))
+        x, dout = _shared_gpu_batch(dtype)
+        x = x[rows].clone().requires_grad_(True)
+        before = len(calls)
+        with fused_path():
+            out = layer(x)
+            out.backward(dout[rows].to(out.device, dtype))
+        grads = {n: p.grad.cpu() for n, p in layer.named_parameters()}
+        results[name] = {"out": out.detach().cpu(), "x": x.grad.cpu(), "grads": grads, "fused": len(calls) - before,
+                         "state": {k: v.cpu() for k, v in layer.state_dict().items()}}  # fmt: skip
+    torch.save(results, f"{out_dir}/rank{rank}.pt")
+    dist.barrier()
+    os._exit(0)  # without destructors: tests/test_sync_batchnorm.py's _leave_rank says why
+
+
+def test_three_ranks_sharing_the_gpu_equal_single_process_training(tmp_path):
+    """Three processes on this GPU (600, 0 and 424 rows) train one step on the fused route through gloo: their
+    outputs and x-gradients, concatenated, are as close to float64 single-process training on the whole batch as one
+    process's fused step is (the one-rank test's criteria), and so are their parameter gradients, summed as DDP would,
+    but for the ranks' own roundings; the running statistics are bitwise equal across ranks and within the forward's
+    tolerance of float64."""
+    import torch.multiprocessing as mp
+
+    world = len(SHARED_GPU_ROWS)
+    mp.spawn(_shared_gpu_rank, args=(world, str(tmp_path / "store"), str(tmp_path)), nprocs=world, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    M = sum(SHARED_GPU_ROWS)
+    for name, (dtype, precision) in CONFIGS.items():
+        per_rank = [r[name] for r in ranks]
+        assert [r["fused"] for r in per_rank] == [1 if rows else 0 for rows in SHARED_GPU_ROWS], "the fused route ran"
+        layer = model(dtype, precision, *SHARED_GPU_SHAPE)
+        x, dout = _shared_gpu_batch(dtype)
+        out64, bn64 = float64_forward(layer, x)
+        expected = {}
+        for label, module, inputs in (("float64", reference_copy(layer).double(), x.double()),
+                                      ("eager", reference_copy(layer), x)):  # fmt: skip
+            inputs = inputs.clone().requires_grad_(True)
+            with float32_matmul_precision(EAGER_PRECISION[name]):
+                out = module(inputs)
+                out.backward(dout.to(out.device, out.dtype))
+            expected[label] = {n.removeprefix("_orig_mod."): p.grad for n, p in module.named_parameters()}
+            expected[label]["x"] = inputs.grad
+        actual = {n: sum(r["grads"][n].double() for r in per_rank).to(g.dtype).cuda()
+                  for n, g in expected["eager"].items() if n != "x"}  # fmt: skip
+        actual["x"] = torch.cat([r["x"] for r in per_rank]).cuda()
+        out = torch.cat([r["out"] for r in per_rank]).cuda()
+        _assert_close_to_float64(out, out64, dtype, precision, f"{name} output", M)
+        _assert_within_eager(name, {"x": actual.pop("x")}, {"x": expected["eager"].pop("x")},
+                             {"x": expected["float64"].pop("x")}, f"{name}: ")  # fmt: skip
+        # Each rank's parameter gradient is rounded to the parameter's dtype before DDP adds them, where eager rounds
+        # once: those roundings (<= the unit roundoff u times each rank's gradient, elementwise) are added to the
+        # budget of ERROR_RATIO x eager's error.
+        u = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[dtype]
+        for key, grad64 in expected["float64"].items():
+            ours = (actual[key].double() - grad64).norm().item()
+            theirs = (expected["eager"][key].double() - grad64).norm().item()
+            roundings = sum((u * r["grads"][key].double().abs()).norm().item() for r in per_rank)
+            limit = ERROR_RATIO[name] * theirs + roundings
+            assert ours <= limit, f"{name}: {key}: ||error|| {ours:.3e} > {ERROR_RATIO[name]} x eager's {theirs:.3e} " \
+                                  f"+ the ranks' roundings {roundings:.3e}"
+        for key in ("bn.running_mean", "bn.running_var", "bn.num_batches_tracked"):
+            assert all(torch.equal(r["state"][key], per_rank[0]["state"][key]) for r in per_rank), f"{name}: {key}"
+        for key in ("running_mean", "running_var"):
+            value = per_rank[0]["state"][f"bn.{key}"].cuda()
+            _assert_close_to_float64(value, getattr(bn64, key), dtype, precision, f"{name}: {key}", M)
