@@ -1,6 +1,6 @@
 """Tuning sweep of the fused GEMM: every row of the configuration tables x tile orders, one process.
 
-    python perf/tune_gemm.py [--size M K N] [--dtypes float32,bfloat16,float16,split] [--rasters 0,1,2]
+    python perf/tune_gemm.py [--size M K N ...] [--set NAME] [--dtypes float32,bfloat16,float16,split] [--rasters 0,1,2]
                              [--swizzles 1,2,4,8] [--splits 1,2,4] [--iters 20] [--out CSV]
 
 For each (operand type, row of kernels/include/gemmbn/configs.h, raster, swizzle): the median time of
@@ -8,7 +8,8 @@ one gemm_scale_stats launch with the statistics epilogue (what a training forwar
 before every call as perf/bench.py does, next to cuBLAS `mm` and `addmm` in the same precision
 (float32: TF32; split, the fp32-faithful GEMM on float32 data: IEEE SGEMM). All candidates
 of a dtype are timed interleaved (round i times each once), so clock drift under load is shared. raster: 0 CUTLASS
-heuristic, 1 along M, 2 along N; swizzle: the persistent scheduler's max swizzle size; splits (stream-K
+heuristic, 1 along M, 2 along N; swizzle: the persistent scheduler's max swizzle size (0: the one a launch that names
+none gets, configs.h unpadded_swizzle, written "rule:<size>"); splits (stream-K
 rows only): 1 CUTLASS's data-parallel waves plus stream-K remainder, n > 1 plain split-K (a call that names no
 split gets select_splits's choice, configs.h). The fastest
 line per dtype is the candidate for select_config (kernels/src/gemm_dispatch.cpp) at this shape.
@@ -27,6 +28,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench import Timer
+import shapes
 from gemmbn import debug
 from gemmbn.debug import gemm_workspace
 
@@ -57,17 +59,20 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
         shape += f" epi{config['epilogue_n'] or 'auto'}" + (" pingpong" if config['pingpong'] else "")
         shape += " stream-K" if config["stream_k"] else ""
         for splits in split_counts if config["stream_k"] else [-1]:
-            # Allocated once per candidate, untimed (the module allocates from PyTorch's cache per call).
-            workspace = gemm_workspace(x, N, K, config=index, split=split, splits=splits)
             for raster in rasters:
                 for swizzle in swizzles:
+                    # Allocated once per candidate, untimed (the module allocates from PyTorch's cache per call).
+                    workspace = gemm_workspace(x, N, K, config=index, split=split, splits=splits, raster=raster,
+                                               swizzle=swizzle)  # fmt: skip
+                    label = swizzle if swizzle > 0 else \
+                        f"rule:{debug.gemm_launch_config(dtype_name, M, N, K, index, split)['swizzle']}"  # fmt: skip
                     def launch(index=index, raster=raster, swizzle=swizzle, partials=partials, splits=splits,
                                workspace=workspace):
                         C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None,
                                            config=index, raster=raster, swizzle=swizzle, splits=splits,
                                            workspace=workspace, **split_args)
                     candidates.append(({"dtype": name, "provider": "gemmbn", "row": index, "config": shape,
-                                        "raster": raster, "swizzle": swizzle, "splits": splits}, launch))
+                                        "raster": raster, "swizzle": label, "splits": splits}, launch))
     def with_tf32(fn):  # float32 -> TF32 cuBLAS as the TF32 kernel, IEEE for split; bf16/fp16 unaffected
         def call():
             previous = torch.backends.cuda.matmul.allow_tf32
@@ -91,28 +96,31 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
+    parser.add_argument("--size", nargs=3, type=int, action="append", metavar=("M", "K", "N"),
+                        help="repeatable (default: 16384 4096 4096)")
+    parser.add_argument("--set", help="perf/shapes.py's shape sets as well (bench.py's --set)")
     parser.add_argument("--dtypes", default="float32,bfloat16,float16,split")
     parser.add_argument("--rasters", default="0,1,2")
-    parser.add_argument("--swizzles", default="1,2,4,8")
+    parser.add_argument("--swizzles", default="1,2,4,8", help="0: the launch's rule")
     parser.add_argument("--splits", default="1", help="stream-K rows: 1 (stream-K) and/or split-K factors")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", help="CSV of every line")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("tune_gemm.py needs a CUDA device (sm90)")
-    M, K, N = args.size
+    sizes = [tuple(size) for size in args.size or ([] if args.set else [(16384, 4096, 4096)])]
+    sizes += [tuple(shape) for _, shape in shapes.resolve(args.set)] if args.set else []
     rasters = [int(v) for v in args.rasters.split(",")]
     swizzles = [int(v) for v in args.swizzles.split(",")]
     split_counts = [int(v) for v in args.splits.split(",")]
     timer = Timer(torch.device("cuda"), args.iters, warmup=3)
-    print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N}  median of {args.iters}, L2 flushed, ms")
     rows = []
-    for name in args.dtypes.split(","):
-        found = sweep(M, K, N, name, rasters, swizzles, split_counts, timer)
+    for (M, K, N), name in ((size, name) for size in sizes for name in args.dtypes.split(",")):
+        found = [{"M": M, "K": K, "N": N, **r} for r in sweep(M, K, N, name, rasters, swizzles, split_counts, timer)]
         rows += found
         cublas = min(r["median_ms"] for r in found if r["provider"].startswith("cublas"))
-        print(f"\n{name}: fastest first (ratio to the faster cuBLAS call)")
+        print(f"\n{torch.cuda.get_device_name()}  {M}x{K}->{N} {name}: median of {args.iters}, L2 flushed, ms, "
+              "fastest first (ratio to the faster cuBLAS call)")
         for r in sorted(found, key=lambda r: r["median_ms"]):
             label = r["provider"]
             if r["provider"] == "gemmbn":

@@ -225,3 +225,32 @@ def test_the_native_clock_is_pythons_monotonic_clock():
         assert [debug.host_mark_ns(mark) for mark in debug.HOST_MARKS] == [0, 0, 0]
     with pytest.raises(ValueError, match="mark must be one of"):
         debug.host_mark_ns("gemm")
+
+
+def _padded_tiles(row: dict, M: int, N: int, swizzle: int) -> int:
+    """Tiles CUTLASS's persistent scheduler walks for an M x N output: each grid dimension rounded up to a multiple of
+    swizzle x the cluster's extent along it (tile_scheduler_params.h), written out here independently of configs.h."""
+    tiles_m, tiles_n = -(-M // row["tile_m"]), -(-N // row["tile_n"])
+    step_m, step_n = swizzle * row["cluster_m"], swizzle * row["cluster_n"]
+    return -(-tiles_m // step_m) * step_m * (-(-tiles_n // step_n) * step_n)
+
+
+@pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
+def test_the_launch_swizzle_is_the_largest_that_pads_no_tile(dtype, split):
+    """The swizzle a launch passes: the table's, halved until the tile grid is no larger than at swizzle 1 (a padded
+    tile takes a CTA's turn for nothing: perf/NOTES.md v19). Shapes from the sweep's short-M and small-N rows, where
+    the clustered rows padded, and ragged ones."""
+    for index, table_row in enumerate(debug.gemm_configs(dtype, split)):
+        for M, N in ((256, 8192), (1024, 8192), (16384, 512), (4096, 512), (128, 1024), (1000, 264), (16384, 4096),
+                     (65536, 1024), (384, 8192), (2176, 6144)):  # fmt: skip
+            launch = debug.gemm_launch_config(dtype, M, N, 1024, index, split)
+            assert {k: v for k, v in launch.items() if k != "swizzle"} == \
+                   {k: v for k, v in table_row.items() if k != "swizzle"}  # fmt: skip
+            expected = max(s for s in (1, 2, 4, 8) if s <= table_row["swizzle"]
+                           and _padded_tiles(table_row, M, N, s) == _padded_tiles(table_row, M, N, 1))  # fmt: skip
+            assert launch["swizzle"] == expected, (index, M, N)
+    # The cases that measured the rule: the c2x1 rows at 256 rows, the c1x2 row at 512 columns.
+    bf16 = debug.gemm_configs("bfloat16")
+    if dtype == "bfloat16":
+        assert bf16[0]["cluster_m"] == 2 and debug.gemm_launch_config(dtype, 256, 8192, 8192, 0)["swizzle"] == 1
+        assert bf16[1]["cluster_n"] == 2 and debug.gemm_launch_config(dtype, 16384, 512, 8192, 1)["swizzle"] == 2

@@ -66,9 +66,9 @@ def _problem(M, K, N, dtype, seed=0):
     return x, w, b, s
 
 
-def _workspace(dtype_name, M, N, K, config=-1, split=False, splits=-1):
+def _workspace(dtype_name, M, N, K, config=-1, split=False, splits=-1, raster=-1, swizzle=-1):
     """The stream-K rows' workspace, poisoned (the launch must zero what it relies on), else None."""
-    size = debug.gemm_workspace_bytes(dtype_name, M, N, K, config, split, splits)
+    size = debug.gemm_workspace_bytes(dtype_name, M, N, K, config, split, splits, raster=raster, swizzle=swizzle)
     return torch.full((size,), 0xA5, device="cuda", dtype=torch.uint8) if size else None
 
 
@@ -82,7 +82,7 @@ def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swiz
     y = torch.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
     pm = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
     pm2 = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
-    workspace = _workspace(DTYPE_NAMES[x.dtype], M, N, K, config, split, splits)
+    workspace = _workspace(DTYPE_NAMES[x.dtype], M, N, K, config, split, splits, raster, swizzle)
     debug.gemm_scale_stats(x, w, y, b, s, gain, shift, pm, pm2, counter, config=config, raster=raster,
                         swizzle=swizzle, splits=splits, workspace=workspace, **_split_keywords(name, w, M))
     return y, pm, pm2, tile_m

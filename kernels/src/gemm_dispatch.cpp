@@ -87,7 +87,7 @@ bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int
   if (config < 0 || config >= config_count(operands)) return false;
   const TileConfig& c = config_at(operands, config);
   const int row[kConfigFields] = {c.tile_m,   c.tile_n,   c.tile_k, c.cluster_m,     c.cluster_n, c.epilogue_n,
-                                  c.pingpong, c.raster, c.swizzle, c.promote_tiles, c.stream_k, partial_rows(c)};
+                                  c.pingpong, c.raster, unpadded_swizzle(c, M, N), c.promote_tiles, c.stream_k, partial_rows(c)};
   for (int i = 0; i < kConfigFields; ++i) out[i] = row[i];
   return true;
 }

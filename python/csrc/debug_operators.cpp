@@ -78,7 +78,7 @@ int64_t host_mark_ns(int64_t mark) {
 int64_t monotonic_ns() { return gemmbn::monotonic_ns(); }
 
 int64_t gemm_workspace_bytes(std::string dtype, int64_t M, int64_t N, int64_t K, int64_t config, bool split,
-                             int64_t splits, bool statistics) {
+                             int64_t splits, bool statistics, int64_t raster, int64_t swizzle) {
   gemmbn::GemmScaleStatsArgs a;
   a.dtype = parse_dtype(dtype);
   (void)parse_operands(dtype, split);
@@ -88,7 +88,8 @@ int64_t gemm_workspace_bytes(std::string dtype, int64_t M, int64_t N, int64_t K,
   if (split) a.weight_split = &split_marker;
   if (statistics) a.partial_mean = a.partial_m2 = &statistics_marker;
   a.M = checked_int(M, "M"), a.N = checked_int(N, "N"), a.K = checked_int(K, "K");
-  a.config = int(config), a.splits = int(splits);
+  // A stream-K row's workspace depends on its tile order: the swizzle pads the tile grid (configs.h unpadded_swizzle).
+  a.config = int(config), a.splits = int(splits), a.raster = int(raster), a.swizzle = int(swizzle);
   size_t bytes = 0;
   raise_on_error(gemmbn::gemm_workspace_bytes(a, bytes));
   return int64_t(bytes);
@@ -214,7 +215,7 @@ STABLE_TORCH_LIBRARY(gemmbn_debug, m) {
   m.def("host_mark_ns(int mark) -> int");
   m.def("monotonic_ns() -> int");
   m.def("gemm_workspace_bytes(str dtype, int M, int N, int K, int config, bool split, int splits, "
-        "bool statistics) -> int");
+        "bool statistics, int raster=-1, int swizzle=-1) -> int");
   m.def("split_weight_columns(int K) -> int");
   m.def("row_scale_count(int M) -> int");
   m.def("gemm_scale_stats(Tensor x, Tensor weight, Tensor(a!) y, Tensor? bias, Tensor? scale, Tensor? gain, "

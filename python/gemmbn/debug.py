@@ -45,6 +45,13 @@ def gemm_config(dtype: str, M: int, N: int, K: int, config: int = -1, split: boo
     return row[-1], row[1]
 
 
+def gemm_launch_config(dtype: str, M: int, N: int, K: int, config: int = -1, split: bool = False,
+                       statistics: bool = True) -> dict[str, int]:  # fmt: skip
+    """The configuration row as this problem's launch takes it (config < 0: the row chosen): CONFIG_FIELDS, with the
+    swizzle reduced where the row's would pad the tile grid (configs.h unpadded_swizzle)."""
+    return dict(zip(CONFIG_FIELDS, _ops().gemm_config_row(dtype, M, N, K, config, split, statistics)))
+
+
 def gemm_selected_config(dtype: str, M: int, N: int, K: int, split: bool = False, statistics: bool = True) -> int:
     """Index into gemm_configs of the row chosen for this problem."""
     return _ops().gemm_selected_config(dtype, M, N, K, split, statistics)
@@ -80,16 +87,18 @@ def monotonic_ns() -> int:
 
 
 def gemm_configs(dtype: str, split: bool = False) -> list[dict[str, int]]:
-    """The configuration table (kernels/include/gemmbn/configs.h), one dict of CONFIG_FIELDS per row."""
+    """The configuration table (kernels/include/gemmbn/configs.h), one dict of CONFIG_FIELDS per row (swizzle: the
+    table's, as a problem of 65536 x 65536 outputs gets it, which every swizzle and cluster divides)."""
     ops = _ops()
-    return [dict(zip(CONFIG_FIELDS, ops.gemm_config_row(dtype, 1, 1, 1, i, split, True)))
+    return [dict(zip(CONFIG_FIELDS, ops.gemm_config_row(dtype, 65536, 65536, 1, i, split, True)))
             for i in range(ops.gemm_config_count(dtype, split))]  # fmt: skip
 
 
 def gemm_workspace_bytes(dtype: str, M: int, N: int, K: int, config: int = -1, split: bool = False,
-                         splits: int = -1, statistics: bool = True) -> int:  # fmt: skip
-    """Bytes of workspace gemm_scale_stats needs on this row (0 except on stream-K rows)."""
-    return _ops().gemm_workspace_bytes(dtype, M, N, K, config, split, splits, statistics)
+                         splits: int = -1, statistics: bool = True, raster: int = -1, swizzle: int = -1) -> int:  # fmt: skip
+    """Bytes of workspace gemm_scale_stats needs on this row (0 except on stream-K rows), with the launch's tile order
+    (raster, swizzle: -1 as a launch that names none)."""
+    return _ops().gemm_workspace_bytes(dtype, M, N, K, config, split, splits, statistics, raster, swizzle)
 
 
 def split_weight_columns(K: int) -> int:
@@ -132,11 +141,13 @@ def fold_eval_affine(gamma: Tensor | None, beta: Tensor | None, running_mean: Te
 
 
 def gemm_workspace(
-    x: Tensor, N: int, K: int, *, config: int = -1, split: bool = False, splits: int = -1, statistics: bool = True
+    x: Tensor, N: int, K: int, *, config: int = -1, split: bool = False, splits: int = -1, statistics: bool = True,
+    raster: int = -1, swizzle: int = -1,
 ) -> Tensor | None:
     """gemm_scale_stats's workspace for x [M, K] -> N columns on this row (config < 0: the row chosen for a launch
     with partials, or without when not ``statistics``), or None where the row needs none (all but stream-K rows)."""
-    size = gemm_workspace_bytes(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits, statistics)
+    size = gemm_workspace_bytes(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits, statistics, raster,
+                                swizzle)  # fmt: skip
     return torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
 
 

@@ -72,7 +72,7 @@ struct GemmScaleStatsArgs {
   // Tuning overrides (perf/tune_gemm.py); the defaults take select_config's row and its schedule.
   int config = -1;   // row of the dtype's configuration table (configs.h)
   int raster = -1;   // tile order: 0 CUTLASS heuristic, 1 along M, 2 along N
-  int swizzle = -1;  // tile scheduler's max swizzle size: 1, 2, 4 or 8
+  int swizzle = -1;  // tile scheduler's max swizzle size: 1, 2, 4 or 8 (-1: configs.h unpadded_swizzle's)
   int splits = -1;   // stream-K rows: > 1 splits every tile's K range that many ways (plain split-K), 1 CUTLASS's
                      // stream-K heuristic, -1 select_splits's choice
 };
@@ -92,7 +92,8 @@ int gemm_config_count(GemmOperands operands);
 int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics = true);
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
-// stream_k, partial_rows}; partial_rows (last) is the number of rows per statistics partial. False if
+// stream_k, partial_rows}; partial_rows (last) is the number of rows per statistics partial, swizzle the one
+// this problem's launch passes (the row's, reduced where it would pad tiles: configs.h unpadded_swizzle). False if
 // config is out of range.
 inline constexpr int kConfigFields = 12;
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields],

@@ -92,6 +92,29 @@ inline constexpr TileConfig const& config_at(GemmOperands operands, int index) {
   }
 }
 
+// Tiles CUTLASS's persistent schedulers walk for an M x N output on a row: each dimension of the tile grid rounded
+// up to a multiple of swizzle x the cluster's extent along it. A padded tile takes a CTA's turn for nothing.
+inline constexpr int64_t grid_tiles(TileConfig const& c, int M, int N, int swizzle) {
+  const int64_t tiles_m = (int64_t(M) + c.tile_m - 1) / c.tile_m, tiles_n = (int64_t(N) + c.tile_n - 1) / c.tile_n;
+  const int64_t step_m = int64_t(swizzle) * c.cluster_m, step_n = int64_t(swizzle) * c.cluster_n;
+  return (tiles_m + step_m - 1) / step_m * step_m * ((tiles_n + step_n - 1) / step_n * step_n);
+}
+// Whether the row's cluster alone pads the grid (an odd number of tiles along a 2-CTA cluster's dimension).
+inline constexpr bool cluster_pads(TileConfig const& c, int M, int N) {
+  return grid_tiles(c, M, N, 1) != ((int64_t(M) + c.tile_m - 1) / c.tile_m) * ((int64_t(N) + c.tile_n - 1) / c.tile_n);
+}
+
+// The swizzle a launch passes (the call's own swizzle overrides it): the largest power of two up to the row's whose
+// tile order pads no tile beyond the cluster's. 256x8192->8192 has 2 M tiles, padded to 4 by the c2x1 rows' swizzle 2
+// (bf16 0.130 vs 0.059 ms at swizzle 1), and 16384x8192->512 bf16's 4 N tiles to 8 by the c1x2 row's swizzle 4
+// (0.492 vs 0.197); where nothing pads, the swizzle moved times by under 1%. These were the "cliffs" of the clustered
+// rows at short M and small N (perf/NOTES.md v19).
+inline constexpr int unpadded_swizzle(TileConfig const& c, int M, int N) {
+  int swizzle = c.swizzle;
+  while (swizzle > 1 && grid_tiles(c, M, N, swizzle) > grid_tiles(c, M, N, 1)) swizzle /= 2;
+  return swizzle;
+}
+
 // A stream-K row's split of each tile's K range when the call leaves it to the rule (splits = -1): 2 where the
 // 128x128 tiles fill between a quarter and half a wave (halved, they fill it once), else 1, CUTLASS's stream-K
 // heuristic. Split GEMM, 64 tiles: 0.683 vs 0.738 ms at 1024x65536->1024 (perf/NOTES.md, v16).

@@ -197,7 +197,7 @@ struct GemmScaleStatsKernel {
     arguments.scheduler.raster_order = raster == 1   ? RasterOrder::AlongM
                                        : raster == 2 ? RasterOrder::AlongN
                                                      : RasterOrder::Heuristic;
-    arguments.scheduler.max_swizzle_size = a.swizzle > 0 ? a.swizzle : kConfig.swizzle;
+    arguments.scheduler.max_swizzle_size = a.swizzle > 0 ? a.swizzle : unpadded_swizzle(kConfig, a.M, a.N);
     if constexpr (kConfig.stream_k != 0) {
       using Decomposition = decltype(arguments.scheduler.decomposition_mode);
       // splits > 1: plain split-K into that many K ranges per tile; 1: CUTLASS's data-parallel waves plus
