@@ -34,32 +34,33 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
                   GEMMBN_SPLIT_ROWS == kSplitConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
-// Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence"). Small problems
+// Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19). Small problems
 // first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost
-// exposed): 64x64 tiles up to 16 such tiles, and up to 64 when K <= 1024 or the data is 16-bit; 64x128
-// tiles under one wave in TF32 (but the stream-K 128x128 row when K > 4096 splits over 64 such tiles
-// along K), and up to two waves when K <= 1024; past that with K <= 512 (TF32: up to 16 waves), and
-// in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. Larger problems take the ping-pong
-// 128x128 rows, except at short M, where the 2x1 cluster's tile order falls off a cliff: there TF32
-// takes the cooperative 128x256 row (above M = 512; at fewer rows the 64x128 row) and 16-bit data the
-// 1x2-cluster row.
+// exposed): 64x64 tiles up to 16 such tiles, and up to 64 when K <= 1024 or the data is 16-bit; under a wave of tiles
+// with K > 4096 the stream-K 128x128 rows split over the tiles along K (16-bit: where its 2x1 cluster pads no tile);
+// 64x128 tiles under one wave otherwise in TF32, and up to two waves when K <= 1024; past that with K <= 512 (TF32:
+// up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. Larger problems take the
+// ping-pong 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative
+// 128x256 row where the 2x1 cluster would pad a tile (an odd number of 128-row tiles), else row 0 too (no cliff
+// since the launch's swizzle pads no tile: 1536x4096->4096 0.145 vs 0.190 ms, v19).
 // The split GEMM has one tile shape: fewer tiles than a wave with K past kShortK take its stream-K row.
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
-  constexpr int kTf32StreamK = 4, kLongK = 4096, kShorterK = 512, kSplitStreamK = 1;
+  constexpr int kStreamK = 4, kLongK = 4096, kShorterK = 512, kSplitStreamK = 1;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int64_t tiles = tiles_128(M, N);
+  const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
   if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
   if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
-  if (tf32 && tiles > 64 && tiles < kWave && K > kLongK) return kTf32StreamK;
+  if (tiles > 64 && tiles < kWave && K > kLongK && !pads(kStreamK)) return kStreamK;
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
   // Short K with more tiles, statistics on: the epilogue dominates and the 64x128 row's one subtile
   // row per tile takes the butterfly lane merge. Without the statistics node (eval) the 128-row tiles
   // stay faster (bf16 16384x512->8192 eval 0.248 ms on row 0, 0.335 on row 2).
   if (statistics && K <= kShorterK && (!tf32 || tiles <= 16 * kWave)) return kNarrow;
   if (statistics && !tf32 && short_k && tiles <= 8 * kWave) return kNarrow;
-  if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM ? kShortMRow : kWide;
+  if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : kWide;
   return M <= kShortM ? kShortMRow : kWide;
 }
 
