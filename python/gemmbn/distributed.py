@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from . import fused
 from . import precision as precision_mod
 from ._native import Refused, fused_unavailable_reason
-from .backward import _reference_grads, grad_y_batch_statistics
+from .backward import _fused_grads, _reference_grads, grad_y_batch_statistics
 from .fallback import warn_once
 from .reference import _update_running_stats, linear_scale, statistics_dtype
 
@@ -104,7 +104,7 @@ class _SynchronizedNormalization(torch.autograd.Function):
 
 class _FusedLinearScale(torch.autograd.Function):
     """(y, moments) = fused.train_moments: y = (x W^T + b) s on gemmbn's GEMM and this rank's [3, N] moments of y (not
-    differentiable). The backward is y's: dx, dW, db and ds from dL/dy in PyTorch ops at the route's precision."""
+    differentiable). The backward is y's: dx, dW, db and ds from dL/dy on the fused backward's launches."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, scale, gemm_kind):
@@ -117,13 +117,23 @@ class _FusedLinearScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y, _):
         x, weight, bias, scale, y = ctx.saved_tensors
-        grad = grad_y.to(statistics_dtype(y.dtype))
-        needs = list(ctx.needs_input_grad[:4])
-        # The float32 GEMMs at the forward's precision (16-bit y: grad is float32, at PyTorch's setting, as eager's).
-        explicit = {precision_mod.SPLIT_FP32: "highest", precision_mod.TF32: "high"}.get(ctx.gemm_kind)
-        with precision_mod.float32_matmul_precision(explicit) if explicit else contextlib.nullcontext():
-            grads = _reference_grads(grad, grad.sum(0), (grad * y.to(grad.dtype)).sum(0), x, weight, bias, scale, needs)
-        return (*grads, None)
+        # dL/dy is the normalization's gradient already (the gathered sums are in it): batch_norm_backward's
+        # running-statistics form with mean 0, invstd 1 and no gamma passes it through as is (dz = s dL/dy, db, ds),
+        # then the route's GEMMs, as the unsynchronized backward runs them. PyTorch's float32 GEMMs here took a bf16
+        # step at 16384x4096->4096 to 26 ms (perf/NOTES.md v19).
+        needs = [*ctx.needs_input_grad[:4], False, False]
+        needs[2] = needs[2] and bias is not None
+        zeros = torch.zeros(y.shape[1], dtype=torch.float32, device=y.device)
+        try:
+            grads = _fused_grads(ctx.gemm_kind, grad_y, x, weight, bias, scale, None, y, zeros, zeros + 1, False, needs)
+        except Refused as refusal:  # the operators checked the layout before running anything: PyTorch ops
+            warn_once(refusal.reason)
+            grad = grad_y.to(statistics_dtype(y.dtype))
+            explicit = {precision_mod.SPLIT_FP32: "highest", precision_mod.TF32: "high"}.get(ctx.gemm_kind)
+            with precision_mod.float32_matmul_precision(explicit) if explicit else contextlib.nullcontext():
+                grads = _reference_grads(grad, grad.sum(0), (grad * y.to(grad.dtype)).sum(0), x, weight, bias, scale,
+                                         needs)  # fmt: skip
+        return (*grads[:4], None)
 
 
 class _SynchronizedFusedNormalization(_SynchronizedNormalization):
