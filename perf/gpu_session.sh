@@ -157,12 +157,13 @@ for name in $steps; do
         --providers gemmbn,eager,cublas,gemmbn-gemm-only --out "$out/bench_short_k.csv" 2>&1 \
         | tee "$out/bench_short_k.txt" | grep "^|" ;;
     sweep)
-      # Both timing methods (issue 18): back to back with every provider (~60 s for all 40 pairs on the H200,
-      # torch.compile included), then synchronized before each call without torch.compile (~25 s); a plot each.
-      timeout $(limit 300) python3 perf/bench.py --set sweep --configs tf32,bf16 --iters 10 \
+      # Both timing methods (issue 18): back to back with every provider, then synchronized before each call without
+      # torch.compile; a plot each. 30 calls per point (10 left the host-bound small shapes 2-4x off: perf/NOTES.md
+      # v19); both runs took ~110 s together on the H200.
+      timeout $(limit 300) python3 perf/bench.py --set sweep --configs tf32,bf16 --iters 30 \
         --providers gemmbn,eager,compile,cublas,gemmbn-gemm-only --out "$out/sweep.csv" 2>&1 | tee "$out/sweep.txt" \
         | grep "^|" | head -90
-      timeout $(limit 120) python3 perf/bench.py --set sweep --configs tf32,bf16 --iters 10 --sync \
+      timeout $(limit 150) python3 perf/bench.py --set sweep --configs tf32,bf16 --iters 30 --sync \
         --providers gemmbn,eager,cublas,gemmbn-gemm-only --out "$out/sweep-sync.csv" > "$out/sweep-sync.txt" 2>&1
       for csv in "$out"/sweep.csv "$out"/sweep-sync.csv; do python3 perf/report.py "$csv" > /dev/null 2>&1; done ;;
     main-job)

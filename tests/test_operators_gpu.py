@@ -79,8 +79,8 @@ def test_opcheck_the_split_gemm_and_its_helpers():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_opcheck_and_float64_of_the_synchronized_forwards_operators(dtype, momentum):
-    """train_moments and normalize_from_moments (issue 19's two launches around the ranks' collective), written
-    without a GPU run: opcheck on both; the moments against float64 of y as stored (rows exact, mean and M2 within
+    """train_moments and normalize_from_moments (issue 19's two launches around the ranks' collective): opcheck on
+    both; the moments against float64 of y as stored (rows exact, mean and M2 within
     the epilogue partials' fp32 merge); this batch split into three ranks' moments (one without rows) normalizing it
     as train_forward does with the whole batch (the same statistics within float32's rounding of the merge), the
     running statistics moved alike, num_batches_tracked read and not counted."""

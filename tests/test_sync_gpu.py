@@ -1,8 +1,7 @@
-"""The fused synchronized forward (issue 19; GEMMBN_SYNC_FUSED=1, perf/NOTES.md v18) on one GPU: one rank over NCCL
-in this process. The module's step takes train_moments and normalize_from_moments, and its outputs, running
+"""The fused synchronized route (issue 19; GEMMBN_SYNC_FUSED=1, perf/NOTES.md v18-v19) on one GPU: one rank over NCCL
+in this process, and three processes sharing the GPU through gloo. The module's step takes train_moments and normalize_from_moments, and its outputs, running
 statistics and gradients are as close to float64 as eager's are (the unsynchronized tests' criteria). Two ranks:
-tests/test_sync_batchnorm.py runs the route's Python on the CPU; the real two-GPU run needs the two-GPU machine.
-Written without a GPU run."""
+tests/test_sync_batchnorm.py runs the route's Python on the CPU; the real two-GPU run needs the two-GPU machine."""
 
 from __future__ import annotations
 

@@ -27,8 +27,8 @@ from .backward import _fused_grads, _reference_grads, grad_y_batch_statistics
 from .fallback import warn_once
 from .reference import _update_running_stats, linear_scale, statistics_dtype
 
-# The fused synchronized forward (train_moments, a collective, normalize_from_moments), an experiment not yet run on a
-# GPU (perf/NOTES.md v18): on with GEMMBN_SYNC_FUSED=1 in every rank's environment, read per call.
+# The fused synchronized forward (train_moments, a collective, normalize_from_moments), an experiment run on one GPU,
+# not yet on two (perf/NOTES.md v19): on with GEMMBN_SYNC_FUSED=1 in every rank's environment, read per call.
 SYNC_FUSED = "GEMMBN_SYNC_FUSED"
 
 

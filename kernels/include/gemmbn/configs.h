@@ -40,11 +40,11 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 // has the measurements behind every row and every row dropped. In short:
 // - ping-pong 128x128 tiles beat 64x256 ones: a third less L2 -> shared-memory traffic per flop (cycles,
 //   and energy under the power limit);
-// - at M <= 2048 the 128-row c2x1 rows fall off cliffs: 16-bit takes the c1x2 row, TF32 the cooperative
-//   128x256 one;
+// - at M <= 2048 16-bit takes the c1x2 row, and TF32 the cooperative 128x256 one where the 2x1 cluster pads a
+//   tile (the clustered rows' old "cliffs" were padded tiles: unpadded_swizzle below);
 // - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
 //   64x128 row in 16-bit;
-// - the stream-K rows win only under a wave of tiles with long K;
+// - the stream-K rows win only under a wave of tiles with long K (16-bit: where the 2x1 cluster pads nothing);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators).
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
