@@ -65,6 +65,15 @@ struct BackwardParams {
   int64_t dz_t_columns = 0;
   unsigned* dz_row_max_bits = nullptr;
   unsigned* dz_column_max_bits = nullptr;
+  // Statistics over several ranks (issue 19), two launches around the ranks' gather of their sums. First launch
+  // (column_sums_out): phases 1-2 as usual, and phase 2 writes this batch's fp64 sums [kSums][N] (dout, dout d, d;
+  // d = y - the global mean the caller passes). Second launch (global_sums): no phase 1; phase 2 reads this batch's
+  // sums from local_sums (the first launch's: dbeta, dgamma and sum_grad_y are this batch's own) and takes the
+  // coefficients from global_sums, the ranks' sums added in rank order, over global_rows rows; then phases 3-5.
+  double* column_sums_out = nullptr;
+  const double* local_sums = nullptr;
+  const double* global_sums = nullptr;
+  double global_rows = 0;
 };
 
 // dout (and y when with_y) of a thread's kUnroll rows of a pass from row r on, rows from row_end on left out:
@@ -116,6 +125,7 @@ __device__ void column_sums(BackwardParams<T> const& p) {
   constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
   const bool with_y = p.y != nullptr;
+  if (p.global_sums != nullptr) return;  // the second launch over ranks: the sums are given
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
     const int stripe = item % p.stripes, chunk = item / p.stripes;
     const int vector_col = stripe * kCols + lane * V;
@@ -184,20 +194,36 @@ __device__ bool merged_totals(BackwardParams<T> const& p, int slot, int col, dou
 //   dbeta = S0,  dgamma = invstd S1,  c_dout = a = gamma invstd,  dbias = s sum_grad_y
 //   batch statistics: c_d = a invstd dgamma / M,  c_0 = a dbeta / M,  sum_grad_y = -c_d S2
 //   fixed statistics: c_d = c_0 = 0,                                  sum_grad_y = a dbeta
+// Over ranks (global_sums): c_d and c_0 from the global sums and rows, sum_grad_y = a S0 - c_d S2 - c_0 M of this
+// batch's (the terms cancel only over every rank's rows).
 template <class T>
 __device__ void merge_columns(BackwardParams<T> const& p) {
   const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
     const int col = group * kMergeColumns + static_cast<int>(threadIdx.x) % kMergeColumns;
-    double total[kSums];
-    if (!merged_totals<kSums>(p, 0, col, total)) continue;
+    double total[kSums], global[kSums];
+    if (p.global_sums == nullptr) {
+      if (!merged_totals<kSums>(p, 0, col, total)) continue;
+    } else {
+      if (static_cast<int>(threadIdx.x) >= kMergeColumns || col >= p.N) continue;  // merged_totals' thread per column
+#pragma unroll
+      for (int s = 0; s < kSums; ++s) total[s] = p.local_sums[s * p.N + col], global[s] = p.global_sums[s * p.N + col];
+    }
+    if (p.column_sums_out) {
+#pragma unroll
+      for (int s = 0; s < kSums; ++s) p.column_sums_out[s * p.N + col] = total[s];
+    }
     const double rows = static_cast<double>(p.M), invstd = p.invstd[col];
     const double dbeta = total[0], dgamma = invstd * total[1], a = load_or(p.gamma, col, 1.0) * invstd;
     double c_d = 0, c_0 = 0, sum_grad_y = a * dbeta;
-    if (p.batch_statistics) {
+    if (p.batch_statistics && p.global_sums == nullptr) {
       c_d = a * invstd * dgamma / rows;
       c_0 = a * dbeta / rows;
       sum_grad_y = -c_d * total[2];
+    } else if (p.batch_statistics) {
+      c_d = a * invstd * (invstd * global[1]) / p.global_rows;
+      c_0 = a * global[0] / p.global_rows;
+      sum_grad_y = a * dbeta - c_d * total[2] - c_0 * rows;
     }
     if (p.dbeta) p.dbeta[col] = from_float<T>(static_cast<float>(dbeta));
     if (p.dgamma) p.dgamma[col] = from_float<T>(static_cast<float>(dgamma));

@@ -31,6 +31,8 @@ struct Case {
   double mean_offset = 0;  // the mean passed is off by this many spreads: sum d is then no rounding noise
                            // (with batch statistics a formula check; with fixed ones, what eval passes)
   bool with_dz = true;     // false: the column gradients dbeta, dgamma, dbias only (phases 1-2)
+  int ranks = 1;           // > 1: the rows split over that many ranks (uneven), statistics over all of them: each
+                           // rank's sums launch, the sums added in rank order, each rank's launch from them
 };
 
 constexpr int kK = 48;  // x's and the weight's columns (a multiple of every dtype's 16-byte vector)
@@ -85,6 +87,85 @@ int64_t transposed_wrong(const BackwardParams<float>& p, int chunks, const std::
 }
 
 double ratio(double error, double bound) { return std::isnan(error) ? 1e30 : error / bound; }
+
+// What the ranks' launches give for the whole batch: dz (each rank's rows), each [N] gradient summed over the ranks in
+// float64 (as DDP adds them) with the ranks' own roundings to T (stored x |value| each), sum_grad_y summed likewise,
+// and the largest `sequence` of the ranks' work decompositions (the column sums' error bound).
+struct RankResults {
+  std::vector<double> dgamma, dbeta, dbias, dscale, sum_grad_y, rounding;  // rounding: [4][N], dgamma dbeta dbias dscale
+  double sequence = 0;
+  // Each rank's own sum_grad_y against its formula a S0 - c_d S2 - c_0 M (float64, from the sums the launches
+  // exchanged), error / 1e-12 of its terms: the ranks' total cannot show a per-rank mistake that cancels in it.
+  double rank_formula = 0;
+};
+
+template <class T>
+RankResults run_ranks(const Case& c, BackwardParams<T> const& whole, double stored) {
+  const int64_t M = c.M;
+  const int N = c.N;
+  std::vector<int64_t> rows(c.ranks);  // uneven: rank r holds (r + 1) parts of 1 + 2 + ... + ranks
+  int64_t parts = int64_t(c.ranks) * (c.ranks + 1) / 2, begin = 0;
+  for (int r = 0; r < c.ranks; ++r) rows[r] = r + 1 == c.ranks ? M - begin : M * (r + 1) / parts, begin += rows[r];
+  constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
+  RankResults out;
+  for (auto* v : {&out.dgamma, &out.dbeta, &out.dbias, &out.dscale, &out.sum_grad_y}) v->assign(N, 0.0);
+  out.rounding.assign(4 * size_t(N), 0.0);
+  std::vector<std::vector<double>> sums(c.ranks, std::vector<double>(size_t(kSums) * N, NAN));
+  std::vector<double> global(size_t(kSums) * N, 0.0);
+  for (int pass = 0; pass < 2; ++pass) {  // 0: each rank's sums launch; 1: each rank's launch from the global sums
+    begin = 0;
+    for (int r = 0; r < c.ranks; ++r) {
+      const WorkItems work = work_items(rows[r], N, kCols, c.resident_blocks, kRowsPerPass * kUnroll);
+      const int chunks = int(work.items / work.stripes);
+      out.sequence = std::max(out.sequence, kUnroll + double(work.rows_per_chunk) / (kRowsPerPass * kUnroll) + kRowsPerPass + 2);
+      std::vector<float> workspace(size_t(N) * (kSums * chunks + kCoefficients), NAN);
+      std::vector<double> sum_grad_y(N, NAN);
+      std::vector<T> gradients(4 * size_t(N), from_float<T>(NAN));  // dgamma, dbeta, dbias, dscale
+      BackwardParams<T> q = whole;
+      q.dout = whole.dout + begin * N, q.y = whole.y ? whole.y + begin * N : nullptr, q.M = rows[r];
+      q.x = whole.x + begin * kK;
+      q.partials = workspace.data(), q.coefficients = workspace.data() + size_t(kSums) * chunks * N;
+      q.sum_grad_y_fp64 = sum_grad_y.data();
+      q.stripes = work.stripes, q.rows_per_chunk = work.rows_per_chunk, q.items = int(work.items), q.chunks = chunks;
+      if (pass == 0) {  // dz none: phases 1-2, this rank's dgamma and dbeta, its sums out
+        q.dz = nullptr, q.dbias = q.dscale = nullptr, q.column_sums_out = sums[r].data();
+        q.dgamma = whole.dgamma ? gradients.data() : nullptr, q.dbeta = gradients.data() + N;
+      } else {
+        q.dz = whole.dz ? whole.dz + begin * N : nullptr, q.dgamma = q.dbeta = nullptr;
+        q.dbias = whole.dbias ? gradients.data() + 2 * N : nullptr, q.dscale = whole.dscale ? gradients.data() + 3 * N : nullptr;
+        q.local_sums = sums[r].data(), q.global_sums = global.data(), q.global_rows = double(M);
+      }
+      emulation::run_block(kThreads, [&q] { batch_norm_backward_kernel<T>(q); });
+      for (int n = 0; n < N; ++n) {
+        std::vector<double>* summed[] = {&out.dgamma, &out.dbeta, &out.dbias, &out.dscale};
+        const bool written[] = {q.dgamma != nullptr, q.dbeta != nullptr, q.dbias != nullptr, q.dscale != nullptr};
+        for (int i = 0; i < 4; ++i) {
+          if (!written[i]) continue;
+          const double value = to_float(gradients[size_t(i) * N + n]);
+          (*summed[i])[n] += value;
+          out.rounding[size_t(i) * N + n] += stored * std::fabs(value);
+        }
+        if (pass == 1) {
+          out.sum_grad_y[n] += sum_grad_y[n];
+          const double istd = whole.invstd[n], a = (whole.gamma ? to_float(whole.gamma[n]) : 1.0) * istd;
+          const double* local = sums[r].data();
+          const double c_d = a * istd * (istd * global[N + n]) / M, c_0 = a * global[n] / M;
+          const double terms[] = {a * local[n], c_d * local[2 * N + n], c_0 * rows[r]};
+          const double expected = terms[0] - terms[1] - terms[2];
+          const double scale = std::fabs(terms[0]) + std::fabs(terms[1]) + std::fabs(terms[2]);
+          out.rank_formula = std::max(out.rank_formula, ratio(std::fabs(sum_grad_y[n] - expected), 1e-12 * scale + 1e-300));
+        }
+      }
+      begin += rows[r];
+    }
+    if (pass == 0) {  // the gather: every rank's sums added in rank order
+      for (int r = 0; r < c.ranks; ++r) {
+        for (size_t i = 0; i < global.size(); ++i) global[i] += sums[r][i];
+      }
+    }
+  }
+  return out;
+}
 
 template <class T>
 Worst run_case(const Case& c) {
@@ -146,7 +227,23 @@ Worst run_case(const Case& c) {
   emulation::run_block(kThreads, [&p] { batch_norm_backward_kernel<T>(p); });
   Worst worst;
   if constexpr (std::is_same_v<T, float>) {
-    if (c.with_dz) worst.transposed_wrong = transposed_wrong(p, chunks, dz, dgamma, dbeta, dbias, dscale);
+    if (c.with_dz && c.ranks == 1) worst.transposed_wrong = transposed_wrong(p, chunks, dz, dgamma, dbeta, dbias, dscale);
+  }
+  const double u = unit_roundoff<T>(), stored = u + kFp32;
+  // The [N] gradients as checked: the launch's, or over ranks the ranks' sums (dz is then the ranks' launches' own).
+  std::vector<double> got_dgamma(N), got_dbeta(N), got_dbias(N), got_dscale(N), got_sum_grad_y(sum_grad_y_fp64);
+  std::vector<double> extra(4 * size_t(N), 0.0);  // the ranks' roundings, added to each bound
+  for (int n = 0; n < N; ++n) {
+    got_dgamma[n] = to_float(dgamma[n]), got_dbeta[n] = to_float(dbeta[n]);
+    got_dbias[n] = to_float(dbias[n]), got_dscale[n] = to_float(dscale[n]);
+  }
+  double rank_sequence = 0, rank_formula = 0;
+  if (c.ranks > 1) {
+    std::fill(dz.begin(), dz.end(), from_float<T>(NAN));
+    const RankResults ranks = run_ranks<T>(c, p, stored);
+    got_dgamma = ranks.dgamma, got_dbeta = ranks.dbeta, got_dbias = ranks.dbias, got_dscale = ranks.dscale;
+    got_sum_grad_y = ranks.sum_grad_y, extra = ranks.rounding, rank_sequence = ranks.sequence;
+    rank_formula = ranks.rank_formula;
   }
 
   // Bounds. A column sum is fp32 additions in three levels (a pass's kUnroll rows, the passes of a thread,
@@ -156,8 +253,7 @@ Worst run_case(const Case& c) {
   // by 4u, the coefficients' own errors carried through; dz = s grad_y one more fp32 rounding, then one to T:
   // 2u |dz| (u at a binade's bottom, and the fp32 value it rounds is already off a little), absolute below
   // T's normal range. The [N] gradients are rounded from fp64 through fp32 to T: (u + fp32's) of the value.
-  const double u = unit_roundoff<T>(), stored = u + kFp32;
-  const double sequence = kUnroll + double(work.rows_per_chunk) / (kRowsPerPass * kUnroll) + kRowsPerPass + 2;
+  const double sequence = std::max(rank_sequence, kUnroll + double(work.rows_per_chunk) / (kRowsPerPass * kUnroll) + kRowsPerPass + 2);
   auto track = [](double& w, double got, double expected, double bound) {
     w = std::max(w, ratio(std::fabs(got - expected), bound));
   };
@@ -173,8 +269,11 @@ Worst run_case(const Case& c) {
     const double dbeta64 = s0, dgamma64 = istd * s1;
     const double dbeta_bound = sequence * kFp32 * abs0;  // before the result's own rounding
     const double dgamma_bound = istd * (sequence + 2) * kFp32 * abs1;
-    track(worst.dbeta, to_float(dbeta[n]), dbeta64, dbeta_bound + stored * std::fabs(dbeta64) + tiny);
-    if (c.with_y) track(worst.dgamma, to_float(dgamma[n]), dgamma64, dgamma_bound + stored * std::fabs(dgamma64) + tiny);
+    const double* rounding = extra.data();  // [dgamma, dbeta, dbias, dscale][N]
+    track(worst.dbeta, got_dbeta[n], dbeta64, dbeta_bound + stored * std::fabs(dbeta64) + tiny + rounding[N + n]);
+    if (c.with_y) {
+      track(worst.dgamma, got_dgamma[n], dgamma64, dgamma_bound + stored * std::fabs(dgamma64) + tiny + rounding[n]);
+    }
     const double c_d = c.batch_statistics ? a * istd * dgamma64 / M : 0.0, c_0 = c.batch_statistics ? a * dbeta64 / M : 0.0;
     // The coefficients are stored as fp32: their merge's error carried through, and that rounding.
     const double c_d_bound = c.batch_statistics ? abs_a * istd * dgamma_bound / M + kFp32 * std::fabs(c_d) : 0.0;
@@ -183,8 +282,11 @@ Worst run_case(const Case& c) {
     const double sum_bound = c.batch_statistics
         ? std::fabs(c_d) * (sequence + 2) * kFp32 * abs2 + c_d_bound * std::fabs(s2) + 1e-30
         : abs_a * dbeta_bound + 1e-30;
-    track(worst.sum_grad_y, sum_grad_y_fp64[n], sum64, sum_bound);
-    track(worst.dbias, to_float(dbias[n]), sc * sum64, std::fabs(sc) * sum_bound + stored * std::fabs(sc * sum64) + tiny);
+    // Over ranks each rank's a S0 - c_d S2 - c_0 M cancels only in the ranks' sum: float64's rounding of its terms.
+    const double cancelled = c.ranks > 1 ? 8 * 0x1p-53 * (abs_a * abs0 + std::fabs(c_d) * abs2 + std::fabs(c_0) * M) : 0.0;
+    track(worst.sum_grad_y, got_sum_grad_y[n], sum64, sum_bound + cancelled);
+    track(worst.dbias, got_dbias[n], sc * sum64,
+          std::fabs(sc) * (sum_bound + cancelled) + stored * std::fabs(sc * sum64) + tiny + rounding[2 * N + n]);
     if (!c.with_dz) continue;
     double sgy = 0, sgy_bound = 0, abs_gd = 0, abs_gy = 0;  // sum_m grad_y y and its bound's parts
     double sgz = 0, sgz_bound = 0, abs_gz = 0;              // sum_m grad_y z where s = 0
@@ -215,19 +317,21 @@ Worst run_case(const Case& c) {
       // column sums, plus the mean times sum_grad_y's error, plus this float64 sum's own rounding (it cancels
       // to ~0 where |mean| >> spread, the kernel's d = y - mean does not); then / s, rounded to T.
       sgy_bound += (sequence + 2) * kFp32 * abs_gd + std::fabs(mu) * sum_bound + double(M) * 0x1p-52 * abs_gy + 1e-30;
-      track(worst.dscale, to_float(dscale[n]), sgy / sc, sgy_bound / std::fabs(sc) + stored * std::fabs(sgy / sc) + tiny);
+      track(worst.dscale, got_dscale[n], sgy / sc,
+            (sgy_bound + std::fabs(mu) * cancelled) / std::fabs(sc) + stored * std::fabs(sgy / sc) + tiny + rounding[3 * N + n]);
     } else {
       // fp32 grad_y (its bound) times z, whose float64 dot is exact to ~K 2^-53; the float64 sums' own rounding.
       sgz_bound += double(M + kK) * 0x1p-52 * abs_gz + 1e-30;
       // invstd = 1/sqrt(eps) there, so fp16's range can be exceeded (as in eager's fp16 gradient): then inf.
       const float in_range = to_float(from_float<T>(float(sgz)));
-      if (std::isinf(in_range)) {
-        track(worst.dscale_zero, to_float(dscale[n]) == in_range ? 0.0 : NAN, 0.0, 1.0);
+      if (std::isinf(in_range)) {  // over ranks: their sum rounded to T, as DDP's sum in T would be
+        track(worst.dscale_zero, to_float(from_float<T>(float(got_dscale[n]))) == in_range ? 0.0 : NAN, 0.0, 1.0);
       } else {
-        track(worst.dscale_zero, to_float(dscale[n]), sgz, sgz_bound + stored * std::fabs(sgz) + tiny);
+        track(worst.dscale_zero, got_dscale[n], sgz, sgz_bound + stored * std::fabs(sgz) + tiny + rounding[3 * N + n]);
       }
     }
   }
+  worst.sum_grad_y = std::max(worst.sum_grad_y, rank_formula);
   return worst;
 }
 
@@ -255,14 +359,22 @@ int main() {
       {"777x264 fixed statistics", 777, 264, 3, 264, false, true, true, 0.25},
       {"777x264 fixed statistics, no y", 777, 264, 3, 264, false, false, true, 0.25},
       {"1000x264 column gradients only (no dz)", 1000, 264, 3, 264, true, true, true, 0, false},
+      {"1000x264 over 3 ranks (166, 333, 501 rows)", 1000, 264, 3, 264, true, true, true, 0, true, 3},
+      {"4099x520 over 2 ranks, no gamma", 4099, 520, -2, 396, true, true, false, 0, true, 2},
+      {"2048x264 over 3 ranks, mean/std 1e3", 2048, 264, 1e3, 264, true, true, true, 0, true, 3},
   };
   bool ok = true;
   int ran = 0;
   for (const Case& c : cases) {
     ok &= check<float>("float32", c);
     ok &= check<__nv_bfloat16>("bfloat16", c);
+    ran += 2;
+    // float16 cannot hold a rank's share of dscale at mean/std 1e3 (sum grad_y y = d terms + mean x this rank's
+    // sum of grad_y, which cancels only in the ranks' total: up to ~5e4 / s): that rank's gradient overflows, as
+    // eager's would on that rank. The whole batch's fits (the 1e3 case above).
+    if (c.ranks > 1 && c.mean >= 1e3) continue;
     ok &= check<__half>("float16", c);
-    ran += 3;
+    ++ran;
   }
   std::printf("%d cases\n", ran);
   return ok ? 0 : 1;
