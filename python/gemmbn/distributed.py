@@ -47,11 +47,9 @@ def _local_moments(y: Tensor) -> Tensor:
     return torch.stack([count, mean, ((local - mean) ** 2).sum(0)])
 
 
-def global_moments(y: Tensor, process_group, moments: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(count, mean, biased variance) per column of y's rows on every rank, float64 [N] each; ``moments``: this
-    rank's _local_moments where already made (the fused route's, from its kernels)."""
-    gathered = _gather_in_rank_order(_local_moments(y) if moments is None else moments, process_group)
-    return _merge_in_rank_order(gathered)
+def global_moments(y: Tensor, process_group) -> tuple[Tensor, Tensor, Tensor]:
+    """(count, mean, biased variance) per column of y's rows on every rank, float64 [N] each."""
+    return _merge_in_rank_order(_gather_in_rank_order(_local_moments(y), process_group))
 
 
 def _merge_in_rank_order(gathered: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
@@ -178,14 +176,15 @@ def _forward_train_fused(
         y = linear_scale(x, weight, bias, scale)
         moments = _local_moments(y)
     gathered = _gather_in_rank_order(moments, process_group)
-    count = torch.stack(gathered)[:, 0].sum(0)  # every rank's rows; exact in float64
+    rank_moments = torch.stack(gathered)
+    count = rank_moments[:, 0].sum(0)  # every rank's rows; exact in float64
     math = statistics_dtype(y.dtype)
     if num_batches_tracked is not None:
         with torch.no_grad():
             num_batches_tracked.add_(1)  # normalize_from_moments reads the count (momentum=None)
     running = (running_mean, running_var, num_batches_tracked, momentum, eps)
     try:
-        return _SynchronizedFusedNormalization.apply(y, gamma, beta, torch.stack(gathered).float(), count.to(math),
+        return _SynchronizedFusedNormalization.apply(y, gamma, beta, rank_moments.float(), count.to(math),
                                                      process_group, running)  # fmt: skip
     except Refused as refusal:  # after the collective: the same statistics, merged in PyTorch
         warn_once(refusal.reason)
