@@ -136,9 +136,9 @@ RankResults run_ranks(const Case& c, BackwardParams<T> const& whole, double stor
         q.local_sums = sums[r].data(), q.global_sums = global.data(), q.global_rows = double(M);
       }
       emulation::run_block(kThreads, [&q] { batch_norm_backward_kernel<T>(q); });
+      std::vector<double>* summed[] = {&out.dgamma, &out.dbeta, &out.dbias, &out.dscale};
+      const bool written[] = {q.dgamma != nullptr, q.dbeta != nullptr, q.dbias != nullptr, q.dscale != nullptr};
       for (int n = 0; n < N; ++n) {
-        std::vector<double>* summed[] = {&out.dgamma, &out.dbeta, &out.dbias, &out.dscale};
-        const bool written[] = {q.dgamma != nullptr, q.dbeta != nullptr, q.dbias != nullptr, q.dscale != nullptr};
         for (int i = 0; i < 4; ++i) {
           if (!written[i]) continue;
           const double value = to_float(gradients[size_t(i) * N + n]);

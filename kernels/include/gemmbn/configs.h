@@ -101,7 +101,9 @@ inline constexpr int64_t grid_tiles(TileConfig const& c, int M, int N, int swizz
 }
 // Whether the row's cluster alone pads the grid (an odd number of tiles along a 2-CTA cluster's dimension).
 inline constexpr bool cluster_pads(TileConfig const& c, int M, int N) {
-  return grid_tiles(c, M, N, 1) != ((int64_t(M) + c.tile_m - 1) / c.tile_m) * ((int64_t(N) + c.tile_n - 1) / c.tile_n);
+  TileConfig unclustered = c;
+  unclustered.cluster_m = unclustered.cluster_n = 1;
+  return grid_tiles(c, M, N, 1) != grid_tiles(unclustered, M, N, 1);
 }
 
 // The swizzle a launch passes (the call's own swizzle overrides it): the largest power of two up to the row's whose
