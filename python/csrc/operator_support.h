@@ -176,7 +176,9 @@ inline int32_t aoti_dtype(ScalarType t) {
     case ScalarType::Half: return aoti_torch_dtype_float16();
     case ScalarType::Long: return aoti_torch_dtype_int64();
     case ScalarType::Int: return aoti_torch_dtype_int32();
-    default: return aoti_torch_dtype_uint8();
+    case ScalarType::Double: return aoti_torch_dtype_float64();
+    case ScalarType::Byte: return aoti_torch_dtype_uint8();
+    default: throw std::logic_error(std::string("gemmbn cannot allocate tensors of ") + dtype_name(t));
   }
 }
 
