@@ -372,3 +372,64 @@ def test_batch_norm_backward_writes_dz_transposed(shape, batch_statistics):
     with pytest.raises(RuntimeError, match="dz transposed is float32's"):
         op(dout.bfloat16(), y.bfloat16(), mean, invstd, gamma.bfloat16(), scale.bfloat16(), x.bfloat16(),
            weight.bfloat16(), bias.bfloat16(), batch_statistics, 0b111111)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_batch_norm_backward_over_ranks_equals_the_whole_batch(dtype):
+    """A synchronized backward's two launches (issue 19) on a batch split into three ranks' rows (600, 1 and 400: one
+    rank with a single row): each rank's batch_norm_backward_sums against float64 (fp32 over a thread's 4 rows, then
+    fp64: within 2^-20 of the sums of magnitudes), their first two rows added in rank order, each rank's gradients'
+    launch from them. The ranks' dz, concatenated, is the whole batch's single launch's within 4 units of dtype's
+    rounding (the same fp32 formula, coefficients from sums added in another order). Their [N] gradients, added up,
+    are within 2x the whole launch's error against float64 plus dtype's rounding of each rank's part (a rank's dbias
+    and dscale are not small: its share of sum grad_y does not cancel, the ranks' shares do). Zero-scale columns
+    (phase 5) included; dz and the gradients written over NaN poison."""
+    rows, N, K = (600, 1, 400), 264, 64
+    M = sum(rows)
+    g = torch.Generator(device=DEVICE).manual_seed(19)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=DEVICE, generator=g)
+
+    scale = randn(N).sign() * (torch.rand(N, device=DEVICE, generator=g) + 0.5)  # dscale ~ 1/s: no float16 overflow
+    scale[::7] = 0
+    x, weight, bias = randn(M, K).to(dtype), randn(N, K).to(dtype), randn(N).to(dtype)
+    z = x.double() @ weight.double().T + bias.double()
+    y = ((z * scale.double()).to(dtype))  # y = z s as stored: 0 where s is
+    var, mean = torch.var_mean(y.float(), 0, correction=0)
+    invstd = torch.rsqrt(var + 1e-5)
+    dout = randn(M, N).to(dtype)
+    gamma, scale = (torch.rand(N, device=DEVICE, generator=g) + 0.5).to(dtype), scale.to(dtype)
+    op, sums_op = torch.ops.gemmbn.batch_norm_backward.default, torch.ops.gemmbn.batch_norm_backward_sums.default
+    whole = op(dout, y, mean, invstd, gamma, scale, x, weight, bias, True, 0b11111)
+    parts = [slice(sum(rows[:r]), sum(rows[: r + 1])) for r in range(len(rows))]
+    local = [sums_op(dout[p], y[p], mean, invstd) for p in parts]
+    for p, sums in zip(parts, local):
+        d = y[p].double() - mean.double()
+        terms = torch.stack([dout[p].double(), dout[p].double() * d, d])
+        assert ((sums - terms.sum(1)).abs() <= 2.0**-20 * terms.abs().sum(1) + 1e-300).all()
+    total = torch.zeros_like(local[0][:2])  # the ranks' sums of dout and dout d (sum d stays each rank's)
+    for sums in local:
+        total = total + sums[:2]
+    global_rows = torch.tensor([float(M)], dtype=torch.float64, device=DEVICE)
+    ranks = []
+    for count, p, sums in zip(rows, parts, local):
+        poison_next_allocation((count, N), dtype)  # dz
+        ranks.append(op(dout[p], y[p], mean, invstd, gamma, scale, x[p], weight, bias, True, 0b11111, sums, total,
+                        global_rows))  # fmt: skip
+    u = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}[dtype]
+    assert relative_error(torch.cat([r[0] for r in ranks]), whole[0]) <= 4 * u
+    # float64 of api.h's math with the given statistics; z where s = 0 from x and the weight, else y / s.
+    d, istd, a = y.double() - mean.double(), invstd.double(), gamma.double() * invstd.double()
+    s64 = scale.double()
+    S0, S1 = dout.double().sum(0), (dout.double() * d).sum(0)
+    grad_y = a * (dout.double() - S0 / M - d * istd * istd * S1 / M)
+    z = torch.where(s64 != 0, y.double() / torch.where(s64 != 0, s64, 1), z)
+    expected = {"dgamma": istd * S1, "dbeta": S0, "dbias": s64 * grad_y.sum(0), "dscale": (grad_y * z).sum(0)}
+    for i, (name, exact) in enumerate(expected.items(), start=1):
+        ours = (sum(r[i].double() for r in ranks) - exact).norm()
+        theirs = (whole[i].double() - exact).norm()
+        roundings = sum((u * r[i].double().abs()).norm() for r in ranks)
+        assert ours <= 2 * theirs + roundings + 1e-12 * exact.norm(), f"{name}: {ours:.3e} vs whole {theirs:.3e}"
+    with pytest.raises(RuntimeError, match="come together"):
+        op(dout, y, mean, invstd, gamma, scale, x, weight, bias, True, 0b11111, local[0], total, None)

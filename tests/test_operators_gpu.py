@@ -121,6 +121,11 @@ def test_opcheck_batch_norm_backward(dtype, outputs, batch_statistics):
     args = (torch.randn(M, N, dtype=dtype, device=DEVICE), y, mean, invstd, gamma, scale, x, weight, bias,
             batch_statistics, outputs)  # fmt: skip
     torch.library.opcheck(_op("batch_norm_backward"), args, test_utils=UTILS)
+    if batch_statistics:  # the two launches of statistics over ranks (issue 19)
+        sums = _op("batch_norm_backward_sums")(*args[:4])
+        torch.library.opcheck(_op("batch_norm_backward_sums"), args[:4], test_utils=UTILS)
+        rows = torch.tensor([2.0 * M], dtype=torch.float64, device=DEVICE)
+        torch.library.opcheck(_op("batch_norm_backward"), (*args, sums, sums[:2] * 2, rows), test_utils=UTILS)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -182,10 +182,12 @@ def test_compiled_fullgraph_synchronized_step(tmp_path):
         dist.destroy_process_group()
 
 
-# The fused synchronized route's Python (distributed._forward_train_fused: its autograd wiring, collectives, batch
-# count, the dummy row of a rank without rows) on the CPU, with the two native operators replaced by their contracts
-# in PyTorch ops (the kernels themselves: tests/test_finish_emulated.py's three-rank case, and the GPU test in
-# tests/test_fused_gpu.py). float32, as the fused route takes.
+# The fused synchronized route's Python (distributed._SynchronizedFusedLayer: its autograd wiring, collectives, batch
+# count, the dummy row of a rank without rows, the backward's gathered sums and its PyTorch fallback) on the CPU, with
+# the forward's two native operators and the backward's sums launch replaced by their contracts in PyTorch ops, and
+# the backward's gradient launch refusing (the kernels themselves: tests/test_finish_emulated.py's and
+# tests/test_backward_emulated.py's rank cases, and the GPU tests in tests/test_sync_gpu.py). float32, as the fused
+# route takes.
 
 
 def _train_moments_contract(x, weight, bias, scale, gemm_kind):
@@ -212,6 +214,18 @@ def _normalize_from_moments_contract(y, rank_moments, gamma, beta, running_mean,
     return out.to(y.dtype), mean.float(), invstd.float()
 
 
+def _batch_norm_backward_sums_contract(dout, y, mean, invstd):
+    """fused.batch_norm_backward_sums's contract: [3, N] float64 sums of dout, dout (y - mean) and y - mean."""
+    d = y.double() - mean.double()
+    return torch.stack([dout.double().sum(0), (dout.double() * d).sum(0), d.sum(0)])
+
+
+def _refused(*args, **kwargs):
+    from gemmbn._native import Refused
+
+    raise Refused("the gradients' launch is the GPU's (this test takes the route's PyTorch fallback)")
+
+
 def _fused_rank_main(rank: int, world: int, store: str, momentum, out_dir: str) -> None:
     from gemmbn import distributed, fused
 
@@ -220,6 +234,8 @@ def _fused_rank_main(rank: int, world: int, store: str, momentum, out_dir: str) 
     distributed.fused_unavailable_reason = lambda x: None
     fused.train_moments = lambda *a: calls.append("train_moments") or _train_moments_contract(*a)
     fused.normalize_from_moments = lambda *a: calls.append("normalize") or _normalize_from_moments_contract(*a)
+    fused.batch_norm_backward_sums = lambda *a: calls.append("sums") or _batch_norm_backward_sums_contract(*a)
+    fused.batch_norm_backward = lambda *a, **k: calls.append("backward") or _refused()
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     model = gemmbn.convert_sync_batchnorm(_model(momentum).float())
     rows = slice(sum(ROWS[:rank]), sum(ROWS[:rank + 1]))
@@ -236,7 +252,8 @@ def test_fused_route_equals_single_process_training(tmp_path, momentum):
     float32's rounding (1e-5 relative; 1e-5 absolute, since the ranks' scale gradients, ~6 each, cancel to ~1e-4 in
     their sum, which keeps float32's ~1e-6 absolute rounding of the parts; a wrong formula errs by ~1); the running
     statistics bitwise equal on every rank, the empty one's included (it runs the same launch on a row of zeros);
-    each rank called train_moments only when it had rows and normalize_from_moments once a step."""
+    each rank called train_moments only when it had rows and normalize_from_moments once a step, and in the backward
+    the sums launch and the gradients' launch (refused here) when it had rows."""
     world = len(ROWS)
     mp.spawn(_fused_rank_main, args=(world, str(tmp_path / "store"), momentum, str(tmp_path)), nprocs=world,
              join=True)  # fmt: skip
@@ -254,5 +271,5 @@ def test_fused_route_equals_single_process_training(tmp_path, momentum):
                 torch.testing.assert_close(r["state"][key].to(value.dtype), value, **close, msg=key)
                 assert torch.equal(r["state"][key], per_rank[0]["state"][key]), f"{key} differs between ranks"
     for rank, rows in enumerate(ROWS):
-        expected_calls = (["train_moments"] * (rows > 0) + ["normalize"]) * STEPS
+        expected_calls = (["train_moments"] * (rows > 0) + ["normalize"] + ["sums", "backward"] * (rows > 0)) * STEPS
         assert ranks[rank][STEPS]["calls"] == expected_calls, rank

@@ -1,6 +1,7 @@
-"""The fused synchronized route (issue 19; GEMMBN_SYNC_FUSED=1, perf/NOTES.md v18-v19) on one GPU: one rank over NCCL
-in this process, and three processes sharing the GPU through gloo. The module's step takes train_moments and normalize_from_moments, and its outputs, running
-statistics and gradients are as close to float64 as eager's are (the unsynchronized tests' criteria). Two ranks:
+"""The fused synchronized route (issue 19; the default on a GPU, perf/NOTES.md v18-v20) on one GPU: one rank over NCCL
+in this process, and three processes sharing the GPU through gloo. The module's step takes train_moments and
+normalize_from_moments forward, batch_norm_backward_sums and batch_norm_backward over ranks backward, and its outputs,
+running statistics and gradients are as close to float64 as eager's are (the unsynchronized tests' criteria). Two ranks:
 tests/test_sync_batchnorm.py runs the route's Python on the CPU; the real two-GPU run needs the two-GPU machine."""
 
 from __future__ import annotations
@@ -40,11 +41,10 @@ def one_rank(tmp_path):
 def test_one_rank_fused_synchronized_step(name, one_rank, monkeypatch):
     """Forward (output and running statistics against float64, the fused forward's tolerance) and gradients (within
     the backward tests' ratio of eager's error) of a synchronized layer on the fused launches, two steps (the second
-    from moved running statistics), each taking train_moments once."""
+    from moved running statistics), each forward taking train_moments once, each backward the sums launch and the
+    gradients' launch over ranks."""
     monkeypatch.setenv(distributed.SYNC_FUSED, "1")
-    calls = []
-    real = fused.train_moments
-    monkeypatch.setattr(fused, "train_moments", lambda *a: calls.append(a[0].shape) or real(*a))
+    calls = _count_fused_launches(monkeypatch.setattr)
     dtype, precision = CONFIGS[name]
     M, K, N = 1000, 512, 264
     layer = gemmbn.convert_sync_batchnorm(model(dtype, precision, K, N))
@@ -59,11 +59,30 @@ def test_one_rank_fused_synchronized_step(name, one_rank, monkeypatch):
             actual = grads(layer, x)
             with torch.no_grad():
                 out = copy.deepcopy(layer)(x)
-        assert len(calls) == 2 * step + 2, "the fused route ran"
+        assert calls == {"train_moments": 2 * step + 2, "sums": step + 1, "over_ranks": step + 1}, "the fused route ran"
         _assert_close_to_float64(out, out64, dtype, precision, f"step {step} output", M)
         for key in ("running_mean", "running_var"):
             _assert_close_to_float64(getattr(layer.bn, key), getattr(bn64, key), dtype, precision, key, M)
         _assert_within_eager(name, actual, baseline, expected, f"step {step}: ")
+
+
+def _count_fused_launches(setattr_) -> dict:
+    """Counts of the fused route's calls (train_moments; the backward's sums launch; its gradients' launch over
+    ranks), each operator wrapped by setattr_(fused, name, wrapper)."""
+    calls = {"train_moments": 0, "sums": 0, "over_ranks": 0}
+
+    def counted(name, key, real):
+        def call(*args, **kwargs):
+            over_ranks = args[12] if len(args) > 12 else kwargs.get("over_ranks")  # batch_norm_backward's
+            calls[key] += key != "over_ranks" or over_ranks is not None
+            return real(*args, **kwargs)
+
+        setattr_(fused, name, call)
+
+    counted("train_moments", "train_moments", fused.train_moments)
+    counted("batch_norm_backward_sums", "sums", fused.batch_norm_backward_sums)
+    counted("batch_norm_backward", "over_ranks", fused.batch_norm_backward)
+    return calls
 
 
 SHARED_GPU_ROWS = (600, 0, 424)  # three ranks on one GPU: uneven, one without rows
@@ -86,20 +105,19 @@ def _shared_gpu_rank(rank: int, world: int, store: str, out_dir: str) -> None:
     os.environ[distributed.SYNC_FUSED] = "1"
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     rows = slice(sum(SHARED_GPU_ROWS[:rank]), sum(SHARED_GPU_ROWS[: rank + 1]))
-    calls = []
-    real = fused.train_moments
-    fused.train_moments = lambda *a: calls.append(1) or real(*a)
+    calls = _count_fused_launches(setattr)
     results = {}
     for name, (dtype, precision) in CONFIGS.items():
         layer = gemmbn.convert_sync_batchnorm(model(dtype, precision, *SHARED_GPU_SHAPE))
         x, dout = _shared_gpu_batch(dtype)
         x = x[rows].clone().requires_grad_(True)
-        before = len(calls)
+        before = dict(calls)
         with fused_path():
             out = layer(x)
             out.backward(dout[rows].to(out.device, dtype))
         grads = {n: p.grad.cpu() for n, p in layer.named_parameters()}
-        results[name] = {"out": out.detach().cpu(), "x": x.grad.cpu(), "grads": grads, "fused": len(calls) - before,
+        fused_calls = {key: calls[key] - before[key] for key in calls}
+        results[name] = {"out": out.detach().cpu(), "x": x.grad.cpu(), "grads": grads, "fused": fused_calls,
                          "state": {k: v.cpu() for k, v in layer.state_dict().items()}}  # fmt: skip
     torch.save(results, f"{out_dir}/rank{rank}.pt")
     dist.barrier()
@@ -120,7 +138,8 @@ def test_three_ranks_sharing_the_gpu_equal_single_process_training(tmp_path):
     M = sum(SHARED_GPU_ROWS)
     for name, (dtype, precision) in CONFIGS.items():
         per_rank = [r[name] for r in ranks]
-        assert [r["fused"] for r in per_rank] == [1 if rows else 0 for rows in SHARED_GPU_ROWS], "the fused route ran"
+        launches = [dict.fromkeys(("train_moments", "sums", "over_ranks"), int(rows > 0)) for rows in SHARED_GPU_ROWS]
+        assert [r["fused"] for r in per_rank] == launches, "the fused route ran"
         layer = model(dtype, precision, *SHARED_GPU_SHAPE)
         x, dout = _shared_gpu_batch(dtype)
         out64, bn64 = float64_forward(layer, x)

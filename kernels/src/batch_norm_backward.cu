@@ -31,6 +31,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kUnroll = 4;                             // rows per thread per pass: 8 16-byte loads in flight
 constexpr int kSums = 3;                               // phase 1: sum dout, sum dout d, sum d
+constexpr int kGlobalSums = 2;                         // over ranks, the coefficients' sums: dout, dout d
 constexpr int kCoefficients = 3;                       // grad_y = c_dout dout - (c_d d + c_0)
 constexpr int kStripeTerms = kCoefficients + 2;        // phase 3's per-column terms: those, mean and s
 constexpr int kMergeColumns = 16;                      // phase 2: a block per 16 columns,
@@ -69,11 +70,12 @@ struct BackwardParams {
   // (column_sums_out): phases 1-2 as usual, and phase 2 writes this batch's fp64 sums [kSums][N] (dout, dout d, d;
   // d = y - the global mean the caller passes). Second launch (global_sums): no phase 1; phase 2 reads this batch's
   // sums from local_sums (the first launch's: dbeta, dgamma and sum_grad_y are this batch's own) and takes the
-  // coefficients from global_sums, the ranks' sums added in rank order, over global_rows rows; then phases 3-5.
+  // coefficients from global_sums [kGlobalSums][N], the ranks' sums of dout and dout d added in rank order, over
+  // *global_rows rows; then phases 3-5.
   double* column_sums_out = nullptr;
   const double* local_sums = nullptr;
   const double* global_sums = nullptr;
-  double global_rows = 0;
+  const double* global_rows = nullptr;
 };
 
 // dout (and y when with_y) of a thread's kUnroll rows of a pass from row r on, rows from row_end on left out:
@@ -201,13 +203,15 @@ __device__ void merge_columns(BackwardParams<T> const& p) {
   const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
     const int col = group * kMergeColumns + static_cast<int>(threadIdx.x) % kMergeColumns;
-    double total[kSums], global[kSums];
+    double total[kSums], global[kGlobalSums];
     if (p.global_sums == nullptr) {
       if (!merged_totals<kSums>(p, 0, col, total)) continue;
     } else {
       if (static_cast<int>(threadIdx.x) >= kMergeColumns || col >= p.N) continue;  // merged_totals' thread per column
 #pragma unroll
-      for (int s = 0; s < kSums; ++s) total[s] = p.local_sums[s * p.N + col], global[s] = p.global_sums[s * p.N + col];
+      for (int s = 0; s < kSums; ++s) total[s] = p.local_sums[s * p.N + col];
+#pragma unroll
+      for (int s = 0; s < kGlobalSums; ++s) global[s] = p.global_sums[s * p.N + col];
     }
     if (p.column_sums_out) {
 #pragma unroll
@@ -221,8 +225,9 @@ __device__ void merge_columns(BackwardParams<T> const& p) {
       c_0 = a * dbeta / rows;
       sum_grad_y = -c_d * total[2];
     } else if (p.batch_statistics) {
-      c_d = a * invstd * (invstd * global[1]) / p.global_rows;
-      c_0 = a * global[0] / p.global_rows;
+      const double global_rows = *p.global_rows;
+      c_d = a * invstd * (invstd * global[1]) / global_rows;
+      c_0 = a * global[0] / global_rows;
       sum_grad_y = a * dbeta - c_d * total[2] - c_0 * rows;
     }
     if (p.dbeta) p.dbeta[col] = from_float<T>(static_cast<float>(dbeta));
@@ -470,11 +475,35 @@ Status plan_for(const BatchNormBackwardArgs& a, Plan& plan) {
   return Status::success();
 }
 
+// The two launches of statistics over ranks (api.h): the sums launch writes the sums alone; the gradients' launch
+// has every sum it needs. Either may have a single row (the statistics' rows are the ranks').
+Status check_over_ranks(const BatchNormBackwardArgs& a) {
+  if (!a.batch_statistics || !a.y) return Status::invalid("statistics over ranks are batch statistics: they need y");
+  if (a.column_sums_out) {
+    if (a.local_sums || a.global_sums || a.global_rows) {
+      return Status::invalid("column_sums_out (the sums launch) and global_sums (the gradients' launch) are two launches");
+    }
+    if (a.dz || a.dgamma || a.dbeta || a.dbias || a.dscale || a.dz_t) {
+      return Status::invalid("the sums launch (column_sums_out) writes the sums alone: dz and the gradients must be null");
+    }
+    return Status::success();
+  }
+  if (!a.local_sums || !a.global_sums || !a.global_rows) {
+    return Status::invalid("the gradients' launch over ranks needs local_sums, global_sums and global_rows");
+  }
+  return Status::success();
+}
+
 Status check(const BatchNormBackwardArgs& a) {
+  const bool over_ranks = a.column_sums_out || a.local_sums || a.global_sums || a.global_rows;
   if (a.M < 1 || a.N < 1) return Status::invalid("M and N must be positive");
-  if (a.batch_statistics && a.M < 2) return Status::invalid("batch statistics need M >= 2 rows");
+  if (a.batch_statistics && a.M < 2 && !over_ranks) return Status::invalid("batch statistics need M >= 2 rows");
   if (a.N % (16 / dtype_size(a.dtype)) != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype");
-  if (!a.dout || !a.mean || !a.invstd || !a.scale) return Status::invalid("dout, mean, invstd and scale are required");
+  if (over_ranks) {
+    if (Status s = check_over_ranks(a); !s) return s;
+  }
+  if (!a.dout || !a.mean || !a.invstd) return Status::invalid("dout, mean and invstd are required");
+  if (!a.scale && !a.column_sums_out) return Status::invalid("scale is required (but by the sums launch)");
   if (a.batch_statistics && !a.y) return Status::invalid("batch statistics need y (the saved pre-normalization tensor)");
   if (a.dgamma && !a.y) return Status::invalid("dgamma needs y (the saved pre-normalization tensor)");
   if (a.dscale && !(a.dz && a.y && a.x && a.weight)) return Status::invalid("dscale needs dz, y, x and weight");
@@ -538,6 +567,8 @@ Status batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) 
                           static_cast<T*>(a.dscale), plan.work.stripes, plan.work.rows_per_chunk,
                           static_cast<int>(plan.work.items), plan.chunks, a.dz_t, a.dz_t_columns, a.dz_row_max_bits,
                           a.dz_column_max_bits};
+      p.column_sums_out = a.column_sums_out, p.local_sums = a.local_sums, p.global_sums = a.global_sums;
+      p.global_rows = a.global_rows;
       void* kernel_args[] = {&p};
       cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&batch_norm_backward_kernel<T, decltype(transposed)::value>),
                                                   dim3(plan.blocks), dim3(kThreads), kernel_args, 0, stream);

@@ -305,6 +305,15 @@ std::tuple<Tensor, Tensor, Tensor> transpose_padded(Tensor input, bool maxima) {
   return {out, row_max, column_max};
 }
 
+// batch_norm_backward's launch with its workspace (from torch's caching allocator, on dout's stream).
+void launch_batch_norm_backward(gemmbn::BatchNormBackwardArgs& a, const Tensor& dout, const Problem& p) {
+  size_t bytes = 0;
+  raise_on_error(gemmbn::batch_norm_backward_workspace_bytes(a, bytes));
+  Tensor workspace = empty(dout, {int64_t(bytes)}, ScalarType::Byte);
+  a.workspace = workspace.data_ptr(), a.workspace_bytes = bytes;
+  raise_on_error(gemmbn::batch_norm_backward(a, current_stream(p.device)));
+}
+
 // Bits of batch_norm_backward's `outputs`: which of (dz, dgamma, dbeta, dbias, dscale, dz^T with dz's maxima) to
 // compute.
 enum BackwardOutput : int64_t { kDz = 1, kDgamma = 2, kDbeta = 4, kDbias = 8, kDscale = 16, kDzTransposed = 32 };
@@ -314,7 +323,8 @@ enum BackwardOutput : int64_t { kDz = 1, kDgamma = 2, kDbeta = 4, kDbias = 8, kD
 // ask for it: the normalization's and the scale's backward (api.h: batch_norm_backward).
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> batch_norm_backward(
     Tensor dout, OptionalTensor y, Tensor mean, Tensor invstd, OptionalTensor gamma, Tensor scale, Tensor x,
-    Tensor weight, OptionalTensor bias, bool batch_statistics, int64_t outputs) {
+    Tensor weight, OptionalTensor bias, bool batch_statistics, int64_t outputs, OptionalTensor local_sums,
+    OptionalTensor global_sums, OptionalTensor global_rows) {
   const Problem p = problem_of(dout, "dout");
   torch::stable::accelerator::DeviceGuard guard(p.device);
   gemmbn::BatchNormBackwardArgs a;
@@ -367,12 +377,40 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> batch
     a.dz_row_max_bits = static_cast<unsigned*>(dz_row_max.data_ptr());
     a.dz_column_max_bits = static_cast<unsigned*>(dz_column_max.data_ptr());
   }
-  size_t bytes = 0;
-  raise_on_error(gemmbn::batch_norm_backward_workspace_bytes(a, bytes));
-  Tensor workspace = empty(dout, {int64_t(bytes)}, ScalarType::Byte);
-  a.workspace = workspace.data_ptr(), a.workspace_bytes = bytes;
-  raise_on_error(gemmbn::batch_norm_backward(a, current_stream(p.device)));
+  if (local_sums || global_sums || global_rows) {  // the gradients' launch over ranks (api.h)
+    if (!(local_sums && global_sums && global_rows)) fail("local_sums, global_sums and global_rows come together");
+    local_sums = readable(*local_sums, "local_sums", p, ScalarType::Double, {3, N});
+    global_sums = readable(*global_sums, "global_sums", p, ScalarType::Double, {2, N});
+    global_rows = readable(*global_rows, "global_rows", p, ScalarType::Double, {1});
+    a.local_sums = static_cast<const double*>(local_sums->data_ptr());
+    a.global_sums = static_cast<const double*>(global_sums->data_ptr());
+    a.global_rows = static_cast<const double*>(global_rows->data_ptr());
+  }
+  launch_batch_norm_backward(a, dout, p);
   return {dz, dgamma, dbeta, dbias, dscale, dz_t, dz_row_max, dz_column_max};
+}
+
+// [3, N] float64: this batch's column sums of dout, dout (y - mean) and y - mean, the sums launch of a backward with
+// statistics over ranks (api.h: BatchNormBackwardArgs.column_sums_out); mean and invstd are the global statistics.
+Tensor batch_norm_backward_sums(Tensor dout, Tensor y, Tensor mean, Tensor invstd) {
+  const Problem p = problem_of(dout, "dout");
+  torch::stable::accelerator::DeviceGuard guard(p.device);
+  gemmbn::BatchNormBackwardArgs a;
+  a.dtype = p.kernel_dtype;
+  a.M = checked_int(dout.size(0), "M");
+  a.N = checked_int(dout.size(1), "N");
+  const int64_t M = a.M, N = a.N;
+  dout = readable(dout, "dout", p, p.dtype, {M, N});
+  y = readable(y, "y", p, p.dtype, {M, N});
+  mean = readable(mean, "mean", p, ScalarType::Float, {N});
+  invstd = readable(invstd, "invstd", p, ScalarType::Float, {N});
+  a.dout = dout.data_ptr(), a.y = y.data_ptr();
+  a.mean = static_cast<const float*>(mean.data_ptr());
+  a.invstd = static_cast<const float*>(invstd.data_ptr());
+  Tensor sums = empty(dout, {3, N}, ScalarType::Double);
+  a.column_sums_out = static_cast<double*>(sums.data_ptr());
+  launch_batch_norm_backward(a, dout, p);
+  return sums;
 }
 
 }  // namespace
@@ -396,8 +434,10 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
   m.def("split_matmul(Tensor a, Tensor b_split, Tensor b_unscale, Tensor? a_row_max=None) -> Tensor");
   m.def("transpose_padded(Tensor input, bool maxima=False) -> (Tensor, Tensor, Tensor)");
   m.def("batch_norm_backward(Tensor dout, Tensor? y, Tensor mean, Tensor invstd, Tensor? gamma, Tensor scale, "
-        "Tensor x, Tensor weight, Tensor? bias, bool batch_statistics, int outputs) "
+        "Tensor x, Tensor weight, Tensor? bias, bool batch_statistics, int outputs, Tensor? local_sums=None, "
+        "Tensor? global_sums=None, Tensor? global_rows=None) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("batch_norm_backward_sums(Tensor dout, Tensor y, Tensor mean, Tensor invstd) -> Tensor");
 }
 
 // CPU inputs reach the same functions, which refuse them by name ("x must be a CUDA tensor") instead of the
@@ -412,7 +452,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
   m.impl("split_columns", TORCH_BOX(&split_columns));                 \
   m.impl("split_matmul", TORCH_BOX(&split_matmul));                   \
   m.impl("transpose_padded", TORCH_BOX(&transpose_padded));           \
-  m.impl("batch_norm_backward", TORCH_BOX(&batch_norm_backward))
+  m.impl("batch_norm_backward", TORCH_BOX(&batch_norm_backward));     \
+  m.impl("batch_norm_backward_sums", TORCH_BOX(&batch_norm_backward_sums))
 
 STABLE_TORCH_LIBRARY_IMPL(gemmbn, CUDA, m) { GEMMBN_REGISTER_KERNELS(m); }
 STABLE_TORCH_LIBRARY_IMPL(gemmbn, CPU, m) { GEMMBN_REGISTER_KERNELS(m); }

@@ -101,8 +101,10 @@ def _matmul(route: str, a: Tensor, b: Tensor) -> Tensor:
 def _fused_grads(
     route: str, dout: Tensor, x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gamma: Tensor | None,
     y: Tensor | None, mean: Tensor, invstd: Tensor, batch_statistics: bool, needs: list[bool],
+    over_ranks: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor | None, ...]:
-    """(dx, dW, db, ds, dgamma, dbeta) on the fused route: the kernel for dz and the [N] gradients, two GEMMs."""
+    """(dx, dW, db, ds, dgamma, dbeta) on the fused route: the kernel for dz and the [N] gradients, two GEMMs.
+    over_ranks: batch statistics over a process group's ranks (fused.batch_norm_backward's; distributed.py)."""
     need_x, need_w, need_b, need_s, need_gamma, need_beta = needs
     dout = dout if dout.dtype == x.dtype else dout.to(x.dtype)
     mean, invstd = (t if t.dtype == torch.float32 else t.float() for t in (mean, invstd))
@@ -112,7 +114,7 @@ def _fused_grads(
     split_dw = route == precision_mod.SPLIT_FP32 and need_w
     dz, dgamma, dbeta, db, ds, transposed = fused.batch_norm_backward(
         dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics,
-        (need_x or need_w or need_s, need_gamma, need_beta, need_b, need_s), split_dw,
+        (need_x or need_w or need_s, need_gamma, need_beta, need_b, need_s), split_dw, over_ranks,
     )  # fmt: skip
     if split_dw:
         dz_t, dz_row_max, dz_column_max = transposed

@@ -4,9 +4,9 @@ Forward with batch statistics: each rank's per-column (count, mean, M2) of y, al
 rank order in float64 (the pairwise merge of Chan et al.), so every rank holds bitwise the same global mean
 and biased variance. The running statistics move with the global mean and the unbiased variance over the
 global count. Ranks may hold different numbers of rows, none included.
-Backward: the normalization's two column sums (sum dout, sum dout xhat) are gathered and added in rank
-order, so x's gradient is that of single-process training on the concatenated batch; gamma's and beta's are
-the rank's own sums, which DDP then reduces across ranks, as with nn.SyncBatchNorm.
+Backward: the normalization's two column sums (sum dout, sum dout (y - mean); float64 [2, N]) are gathered
+and added in rank order, so x's gradient is that of single-process training on the concatenated batch;
+gamma's and beta's are the rank's own sums, which DDP then reduces across ranks, as with nn.SyncBatchNorm.
 Eval mode communicates nothing. Collectives run through torch.distributed on the current stream, and the
 forward reads no value back to the host.
 """
@@ -27,8 +27,9 @@ from .backward import _fused_grads, _reference_grads, grad_y_batch_statistics
 from .fallback import warn_once
 from .reference import _update_running_stats, linear_scale, statistics_dtype
 
-# The fused synchronized forward (train_moments, a collective, normalize_from_moments), an experiment run on one GPU,
-# not yet on two (perf/NOTES.md v19): on with GEMMBN_SYNC_FUSED=1 in every rank's environment, read per call.
+# The synchronized layer on the fused launches (_SynchronizedFusedLayer) wherever they run: a training step within 1.01x
+# the unsynchronized layer's on one NCCL rank, the PyTorch route's 2.1-3.4x (perf/NOTES.md v20). GEMMBN_SYNC_FUSED=0 in
+# every rank's environment takes the PyTorch route (read per call: A/B runs, or to rule the kernels out).
 SYNC_FUSED = "GEMMBN_SYNC_FUSED"
 
 
@@ -67,92 +68,141 @@ def _merge_in_rank_order(gathered: list[Tensor]) -> tuple[Tensor, Tensor, Tensor
     return total_count, total_mean, total_m2 / total_count
 
 
+def _normalized(y: Tensor, gamma: Tensor | None, beta: Tensor | None, mean: Tensor, invstd: Tensor) -> Tensor:
+    """(y - mean) invstd gamma + beta in the statistics dtype, rounded to y's."""
+    math = statistics_dtype(y.dtype)
+    out = (y.to(math) - mean) * invstd
+    out = out if gamma is None else out * gamma.to(math)
+    out = out if beta is None else out + beta.to(math)
+    return out.to(y.dtype)
+
+
+def _local_sums(dout: Tensor, y: Tensor, mean: Tensor) -> Tensor:
+    """[2, N] float64: this batch's column sums of dout and dout d, d = y - mean (the global mean), what a rank
+    contributes to the backward's gather on either route (the first two rows of fused.batch_norm_backward_sums).
+    Summed in float64, as the gathered moments are: float32 sums of 1000 rows were 1.7x eager's error in dbeta
+    (perf/NOTES.md v19)."""
+    math = statistics_dtype(y.dtype)
+    dout = dout.to(math)
+    return torch.stack([dout.sum(0, dtype=torch.float64), (dout * (y.to(math) - mean.to(math))).sum(0, dtype=torch.float64)])
+
+
+def _sum_in_rank_order(local: Tensor, process_group) -> Tensor:
+    """The ranks' local tensors added in rank order: bitwise the same on every rank."""
+    total = torch.zeros_like(local)
+    for sums in _gather_in_rank_order(local, process_group):
+        total = total + sums
+    return total
+
+
+def _grad_y_over_ranks(
+    dout: Tensor, y: Tensor, mean: Tensor, invstd: Tensor, gamma: Tensor | None, total: Tensor, rows: Tensor
+) -> Tensor:
+    """dL/dy in the statistics dtype from the ranks' summed _local_sums (total) over every rank's rows."""
+    math = statistics_dtype(y.dtype)
+    xhat = (y.to(math) - mean) * invstd
+    a = invstd if gamma is None else invstd * gamma.to(math)
+    sum_dout_xhat = (total[1] * invstd.to(torch.float64)).to(math)
+    return grad_y_batch_statistics(dout.to(math), xhat, a, total[0].to(math), sum_dout_xhat, rows.to(math))
+
+
 class _SynchronizedNormalization(torch.autograd.Function):
-    """out = (y - mean) invstd gamma + beta with global statistics; the backward gathers its two column sums."""
+    """out = (y - mean) invstd gamma + beta with global statistics; the backward gathers its column sums."""
 
     @staticmethod
     def forward(ctx, y, gamma, beta, mean, invstd, count, process_group):
-        math = statistics_dtype(y.dtype)
-        xhat = (y.to(math) - mean) * invstd
-        out = xhat if gamma is None else xhat * gamma.to(math)
-        out = out if beta is None else out + beta.to(math)
         ctx.save_for_backward(y, gamma, mean, invstd, count)
         ctx.process_group, ctx.has_beta = process_group, beta is not None
-        return out.to(y.dtype)
+        return _normalized(y, gamma, beta, mean, invstd)
 
     @staticmethod
     def backward(ctx, dout):
         y, gamma, mean, invstd, count = ctx.saved_tensors
-        math = statistics_dtype(y.dtype)
-        dout = dout.to(math)
-        xhat = (y.to(math) - mean) * invstd
-        # Summed in float64 (as are the gathered moments): the sums' rounding is then the final cast's alone, as
-        # eager's one-pass sums are close to (float32 sums of 1000 rows were 1.7x eager's error in dbeta).
-        local = torch.stack([dout.sum(0, dtype=torch.float64), (dout * xhat).sum(0, dtype=torch.float64)])
-        total = torch.zeros_like(local)
-        for sums in _gather_in_rank_order(local, ctx.process_group):  # rank order: the same on every rank
-            total = total + sums
-        a = invstd if gamma is None else invstd * gamma.to(math)
-        total = total.to(math)
-        grad_y = grad_y_batch_statistics(dout, xhat, a, total[0], total[1], count)
-        dgamma = None if gamma is None else local[1].to(gamma.dtype)
+        local = _local_sums(dout, y, mean)
+        grad_y = _grad_y_over_ranks(dout, y, mean, invstd, gamma, _sum_in_rank_order(local, ctx.process_group),
+                                    count)  # fmt: skip
+        dgamma = None if gamma is None else (local[1] * invstd.to(torch.float64)).to(gamma.dtype)
         dbeta = local[0].to(y.dtype) if ctx.has_beta else None
         return grad_y.to(y.dtype), dgamma, dbeta, None, None, None, None
 
 
-class _FusedLinearScale(torch.autograd.Function):
-    """(y, moments) = fused.train_moments: y = (x W^T + b) s on gemmbn's GEMM and this rank's [3, N] moments of y (not
-    differentiable). The backward is y's: dx, dW, db and ds from dL/dy on the fused backward's launches."""
+class _SynchronizedFusedLayer(torch.autograd.Function):
+    """The layer's batch-statistics step over a process group's ranks on the fused launches.
+    Forward: fused.train_moments (y and this rank's [3, N] moments), the ranks' moments gathered in rank order,
+    fused.normalize_from_moments (the running statistics moved in the same launch; a rank without rows runs it on a
+    row of zeros, so that its running statistics are bitwise the other ranks').
+    Backward: fused.batch_norm_backward_sums, the ranks' sums gathered and added in rank order, batch_norm_backward
+    from them (dz and the [N] gradients), the GEMMs (backward._fused_grads): the unsynchronized backward's two passes
+    over dout and y. Each direction communicates once, [3, N] float64, as the PyTorch route does, so ranks on either
+    route agree; a launch refused after the collective is made up for in PyTorch ops."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, scale, gemm_kind):
-        y, moments = fused.train_moments(x, weight, bias, scale, gemm_kind)
-        ctx.mark_non_differentiable(moments)
-        ctx.save_for_backward(x, weight, bias, scale, y)
-        ctx.gemm_kind = gemm_kind
-        return y, moments
-
-    @staticmethod
-    def backward(ctx, grad_y, _):
-        x, weight, bias, scale, y = ctx.saved_tensors
-        # dL/dy is the normalization's gradient already (the gathered sums are in it): batch_norm_backward's
-        # running-statistics form with mean 0, invstd 1 and no gamma passes it through as is (dz = s dL/dy, db, ds),
-        # then the route's GEMMs, as the unsynchronized backward runs them. PyTorch's float32 GEMMs here took a bf16
-        # step at 16384x4096->4096 to 26 ms (perf/NOTES.md v19).
-        needs = [*ctx.needs_input_grad[:4], False, False]
-        needs[2] = needs[2] and bias is not None
-        zeros = torch.zeros(y.shape[1], dtype=torch.float32, device=y.device)
+    def forward(ctx, x, weight, bias, scale, gamma, beta, gemm_kind, process_group, running):
+        N = weight.shape[0]
+        if x.shape[0]:
+            y, moments = fused.train_moments(x, weight, bias, scale, gemm_kind)  # refused: nothing communicated yet
+            moments = moments.to(torch.float64)
+        else:
+            y = x.new_empty((0, N))
+            moments = torch.zeros(3, N, dtype=torch.float64, device=x.device)  # no rows: adds nothing to the merge
+        gathered = _gather_in_rank_order(moments, process_group)
+        rank_moments = torch.stack(gathered)
+        count = rank_moments[:, 0].sum(0)  # every rank's rows; exact in float64
+        running_mean, running_var, num_batches_tracked, momentum, eps = running
+        if num_batches_tracked is not None:
+            num_batches_tracked.add_(1)  # normalize_from_moments reads the count (momentum=None)
         try:
-            grads = _fused_grads(ctx.gemm_kind, grad_y, x, weight, bias, scale, None, y, zeros, zeros + 1, False, needs)
-        except Refused as refusal:  # the operators checked the layout before running anything: PyTorch ops
+            rows = y if y.shape[0] else y.new_zeros((1, N))
+            out, mean, invstd = fused.normalize_from_moments(rows, rank_moments.float(), gamma, beta, *running)
+            out = out[: y.shape[0]]
+        except Refused as refusal:  # after the collective: the same statistics, merged in PyTorch
             warn_once(refusal.reason)
-            grad = grad_y.to(statistics_dtype(y.dtype))
-            explicit = {precision_mod.SPLIT_FP32: "highest", precision_mod.TF32: "high"}.get(ctx.gemm_kind)
-            with precision_mod.float32_matmul_precision(explicit) if explicit else contextlib.nullcontext():
-                grads = _reference_grads(grad, grad.sum(0), (grad * y.to(grad.dtype)).sum(0), x, weight, bias, scale,
-                                         needs)  # fmt: skip
-        return (*grads[:4], None)
-
-
-class _SynchronizedFusedNormalization(_SynchronizedNormalization):
-    """_SynchronizedNormalization whose forward is fused.normalize_from_moments: y normalized with the statistics of
-    the ranks' gathered moments, the running statistics moved with them in the same launch. A rank without rows runs
-    the same launch on a row of zeros, so that its running statistics are bitwise the other ranks'."""
+            mean, invstd = _move_running_statistics(y, *_merge_in_rank_order(gathered), running_mean, running_var,
+                                                    num_batches_tracked, momentum, eps, count_batch=False)  # fmt: skip
+            out = _normalized(y, gamma, beta, mean, invstd)
+        ctx.save_for_backward(x, weight, bias, scale, gamma, y, mean, invstd, count[:1])
+        ctx.gemm_kind, ctx.process_group = gemm_kind, process_group
+        ctx.beta_dtype = None if beta is None else beta.dtype
+        return out
 
     @staticmethod
-    def forward(ctx, y, gamma, beta, rank_moments, count, process_group, running):
-        rows = y if y.shape[0] else y.new_zeros((1, y.shape[1]))
-        out, mean, invstd = fused.normalize_from_moments(rows, rank_moments, gamma, beta, *running)
-        math = statistics_dtype(y.dtype)
-        ctx.save_for_backward(y, gamma, mean.to(math), invstd.to(math), count)
-        ctx.process_group, ctx.has_beta = process_group, beta is not None
-        return out[: y.shape[0]]
+    def backward(ctx, dout):
+        x, weight, bias, scale, gamma, y, mean, invstd, rows = ctx.saved_tensors
+        needs = list(ctx.needs_input_grad[:6])
+        needs[2], needs[4] = needs[2] and bias is not None, needs[4] and gamma is not None
+        needs[5] = needs[5] and ctx.beta_dtype is not None
+        dout = dout if dout.dtype == y.dtype else dout.to(y.dtype)
+        local = None
+        if y.shape[0]:
+            try:
+                local = fused.batch_norm_backward_sums(dout, y, mean, invstd)
+            except Refused as refusal:  # the collective must still run: PyTorch's sums
+                warn_once(refusal.reason)
+        local = _local_sums(dout, y, mean) if local is None else local  # no rows: zeros
+        total = _sum_in_rank_order(local[:2], ctx.process_group)  # sum d stays the rank's (its share of sum grad_y)
+        if y.shape[0]:
+            try:
+                grads = _fused_grads(ctx.gemm_kind, dout, x, weight, bias, scale, gamma, y, mean, invstd, True, needs,
+                                     over_ranks=(local, total, rows))  # fmt: skip
+                return (*grads, None, None, None)
+            except Refused as refusal:
+                warn_once(refusal.reason)
+        # PyTorch ops (and a rank without rows: its gradients of the parameters are zeros, x's empty).
+        grad_y = _grad_y_over_ranks(dout, y, mean, invstd, gamma, total, rows)
+        math = grad_y.dtype
+        explicit = {precision_mod.SPLIT_FP32: "highest", precision_mod.TF32: "high"}.get(ctx.gemm_kind)
+        with precision_mod.float32_matmul_precision(explicit) if explicit else contextlib.nullcontext():
+            grads = _reference_grads(grad_y, grad_y.sum(0), (grad_y * y.to(math)).sum(0), x, weight, bias, scale,
+                                     needs)  # fmt: skip
+        dgamma = (local[1] * invstd.to(torch.float64)).to(gamma.dtype) if needs[4] else None
+        dbeta = local[0].to(ctx.beta_dtype) if needs[5] else None
+        return (*grads, dgamma, dbeta, None, None, None)
 
 
 def fused_route(x: Tensor) -> bool:
-    """Whether the synchronized forward takes the fused launches (the SYNC_FUSED experiment on, x on a GPU they run
+    """Whether the synchronized forward takes the fused launches (SYNC_FUSED not 0, x on a GPU they run
     on, eager: traced code keeps the PyTorch route)."""
-    return (os.environ.get(SYNC_FUSED) == "1" and not torch.compiler.is_compiling()
+    return (os.environ.get(SYNC_FUSED) != "0" and not torch.compiler.is_compiling()
             and fused_unavailable_reason(x) is None)  # fmt: skip
 
 
@@ -160,37 +210,16 @@ def _forward_train_fused(
     x: Tensor, weight: Tensor, bias: Tensor | None, scale: Tensor, gamma: Tensor | None, beta: Tensor | None,
     running_mean: Tensor | None, running_var: Tensor | None, num_batches_tracked: Tensor | None,
     momentum: float | None, eps: float, process_group,
-) -> Tensor:
-    """forward_train on the fused launches: train_moments, the ranks' moments gathered in rank order (the PyTorch
-    route's collective: [3, N] float64 each, so ranks on either route agree), normalize_from_moments. None if the
-    first launch refused (nothing communicated yet: the caller takes the PyTorch route)."""
+) -> Tensor | None:
+    """forward_train on the fused launches (_SynchronizedFusedLayer). None if the first launch refused (nothing
+    communicated yet: the caller takes the PyTorch route)."""
     gemm_kind = precision_mod.resolve(x.dtype, precision_mod.FOLLOW_TORCH)  # the caller set the layer's precision
-    if x.shape[0]:
-        try:
-            y, moments = _FusedLinearScale.apply(x, weight, bias, scale, gemm_kind)
-        except Refused as refusal:
-            warn_once(refusal.reason)
-            return None
-        moments = moments.to(torch.float64)
-    else:
-        y = linear_scale(x, weight, bias, scale)
-        moments = _local_moments(y)
-    gathered = _gather_in_rank_order(moments, process_group)
-    rank_moments = torch.stack(gathered)
-    count = rank_moments[:, 0].sum(0)  # every rank's rows; exact in float64
-    math = statistics_dtype(y.dtype)
-    if num_batches_tracked is not None:
-        with torch.no_grad():
-            num_batches_tracked.add_(1)  # normalize_from_moments reads the count (momentum=None)
     running = (running_mean, running_var, num_batches_tracked, momentum, eps)
     try:
-        return _SynchronizedFusedNormalization.apply(y, gamma, beta, rank_moments.float(), count.to(math),
-                                                     process_group, running)  # fmt: skip
-    except Refused as refusal:  # after the collective: the same statistics, merged in PyTorch
+        return _SynchronizedFusedLayer.apply(x, weight, bias, scale, gamma, beta, gemm_kind, process_group, running)
+    except Refused as refusal:
         warn_once(refusal.reason)
-        count, mean, biased_var = _merge_in_rank_order(gathered)
-        return _normalize_with(y, gamma, beta, count, mean, biased_var, running_mean, running_var,
-                               num_batches_tracked, momentum, eps, process_group, count_batch=False)  # fmt: skip
+        return None
 
 
 def forward_train(
@@ -206,32 +235,32 @@ def forward_train(
         if out is not None:
             return out
     else:
-        warn_once(fused_unavailable_reason(x) or "batch statistics over a process group run on the PyTorch route "
-                  f"(the fused launches are an experiment, on with {SYNC_FUSED}=1)")
+        why = "traced code" if torch.compiler.is_compiling() else f"{SYNC_FUSED}=0"
+        warn_once(fused_unavailable_reason(x) or f"batch statistics over a process group run on the PyTorch route ({why})")
     y = linear_scale(x, weight, bias, scale)
     count, mean, biased_var = global_moments(y, process_group)
-    return _normalize_with(y, gamma, beta, count, mean, biased_var, running_mean, running_var, num_batches_tracked,
-                           momentum, eps, process_group)  # fmt: skip
+    mean, invstd = _move_running_statistics(y, count, mean, biased_var, running_mean, running_var,
+                                            num_batches_tracked, momentum, eps)  # fmt: skip
+    count = count.to(statistics_dtype(y.dtype))
+    return _SynchronizedNormalization.apply(y, gamma, beta, mean, invstd, count, process_group)
 
 
-def _normalize_with(
-    y: Tensor, gamma: Tensor | None, beta: Tensor | None, count: Tensor, mean: Tensor, biased_var: Tensor,
-    running_mean: Tensor | None, running_var: Tensor | None, num_batches_tracked: Tensor | None,
-    momentum: float | None, eps: float, process_group, count_batch: bool = True,
-) -> Tensor:
-    """The PyTorch route's normalization with the global statistics (float64 [N] each): the batch counted (when
-    num_batches_tracked is given and the batch not counted yet), the running statistics moved, y normalized
-    (_SynchronizedNormalization)."""
+def _move_running_statistics(
+    y: Tensor, count: Tensor, mean: Tensor, biased_var: Tensor, running_mean: Tensor | None,
+    running_var: Tensor | None, num_batches_tracked: Tensor | None, momentum: float | None, eps: float,
+    count_batch: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """The PyTorch route's use of the global statistics (float64 [N] each): the batch counted (when
+    num_batches_tracked is given and the batch not counted yet), the running statistics moved; (mean, invstd) in the
+    statistics dtype."""
     math = statistics_dtype(y.dtype)
-    invstd = torch.rsqrt(biased_var + eps)
     with torch.no_grad():
         if num_batches_tracked is not None and count_batch:
             num_batches_tracked.add_(1)
         if running_mean is not None and running_var is not None:
             _update_running_stats(running_mean, running_var, num_batches_tracked, momentum,
                                   mean.to(running_mean.dtype), biased_var.to(running_var.dtype), count)  # fmt: skip
-    return _SynchronizedNormalization.apply(y, gamma, beta, mean.to(math), invstd.to(math), count.to(math),
-                                            process_group)  # fmt: skip
+    return mean.to(math), torch.rsqrt(biased_var + eps).to(math)
 
 
 def convert_sync_batchnorm(module: nn.Module, process_group=None) -> nn.Module:

@@ -96,6 +96,7 @@ def batch_norm_backward(
     batch_statistics: bool,
     outputs: tuple[bool, bool, bool, bool, bool],
     transposed: bool = False,
+    over_ranks: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor | None, ...]:
     """(dz = s dL/dy [M, N], dgamma, dbeta, dbias, dscale), each in dout's dtype where ``outputs`` (ordered so)
     asks for it, else None, then transpose_with_maxima(dz) where ``transposed`` (float32, with dz; else None):
@@ -103,12 +104,21 @@ def batch_norm_backward(
 
     Tensors of dout's dtype but mean and invstd (float32 [N]: the running
     statistics when not ``batch_statistics``); y may be None only then, and neither dgamma nor dscale asked for.
+    ``over_ranks``: batch statistics over a process group's ranks, (this batch's batch_norm_backward_sums [3, N], the
+    ranks' first two rows added in rank order [2, N], the rows of every rank as a float64 [1]); mean and invstd are
+    then the global statistics.
     """
     dz, dgamma, dbeta, dbias, dscale = outputs
     mask = dz | dgamma << 1 | dbeta << 2 | dbias << 3 | dscale << 4 | transposed << 5  # operators.cpp's BackwardOutput
     grads = _call(operator("batch_norm_backward"), dout, y, mean, invstd, gamma, scale, x, weight, bias,
-                  batch_statistics, mask)  # fmt: skip
+                  batch_statistics, mask, *(over_ranks or ()))  # fmt: skip
     return (*(grad if need else None for grad, need in zip(grads, outputs)), tuple(grads[5:]) if transposed else None)
+
+
+def batch_norm_backward_sums(dout: Tensor, y: Tensor, mean: Tensor, invstd: Tensor) -> Tensor:
+    """[3, N] float64: the column sums of dout, dout (y - mean) and y - mean over this batch's rows, with the global
+    statistics (float32 mean and invstd): what a rank contributes to a synchronized backward (distributed.py)."""
+    return _call(operator("batch_norm_backward_sums"), dout, y, mean, invstd)
 
 
 def matmul(a: Tensor, b_rows: Tensor) -> Tensor:

@@ -60,13 +60,18 @@ def _transpose_padded(input: Tensor, maxima: bool = False):
     return input.new_empty((C, -(-R // 4) * 4)), *(input.new_empty(s, dtype=torch.int32) for s in maxima_shapes)
 
 
-def _batch_norm_backward(dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics, outputs):
+def _batch_norm_backward(dout, y, mean, invstd, gamma, scale, x, weight, bias, batch_statistics, outputs,
+                         local_sums=None, global_sums=None, global_rows=None):  # fmt: skip
     M, N = dout.shape
     shapes = ((M, N), (N,), (N,), (N,), (N,))  # dz, dgamma, dbeta, dbias, dscale
     grads = tuple(dout.new_empty(shape if outputs >> i & 1 else (0,)) for i, shape in enumerate(shapes))
     if outputs >> 5 & 1:  # dz transposed, with dz's maxima: transpose_padded(dz, maxima=True)'s outputs
         return grads + _transpose_padded(grads[0], True)
     return grads + (dout.new_empty(0, dtype=torch.float32), *(dout.new_empty(0, dtype=torch.int32) for _ in range(2)))
+
+
+def _batch_norm_backward_sums(dout, y, mean, invstd):
+    return dout.new_empty((3, dout.shape[1]), dtype=torch.float64)
 
 
 _FAKES = {
@@ -80,6 +85,7 @@ _FAKES = {
     "split_matmul": _split_matmul,
     "transpose_padded": _transpose_padded,
     "batch_norm_backward": _batch_norm_backward,
+    "batch_norm_backward_sums": _batch_norm_backward_sums,
 }
 
 

@@ -111,7 +111,8 @@ RankResults run_ranks(const Case& c, BackwardParams<T> const& whole, double stor
   for (auto* v : {&out.dgamma, &out.dbeta, &out.dbias, &out.dscale, &out.sum_grad_y}) v->assign(N, 0.0);
   out.rounding.assign(4 * size_t(N), 0.0);
   std::vector<std::vector<double>> sums(c.ranks, std::vector<double>(size_t(kSums) * N, NAN));
-  std::vector<double> global(size_t(kSums) * N, 0.0);
+  std::vector<double> global(size_t(kGlobalSums) * N, 0.0);  // the ranks' sums of dout and dout d
+  const double global_rows = double(M);  // the forward's gathered count, on the device
   for (int pass = 0; pass < 2; ++pass) {  // 0: each rank's sums launch; 1: each rank's launch from the global sums
     begin = 0;
     for (int r = 0; r < c.ranks; ++r) {
@@ -133,7 +134,7 @@ RankResults run_ranks(const Case& c, BackwardParams<T> const& whole, double stor
       } else {
         q.dz = whole.dz ? whole.dz + begin * N : nullptr, q.dgamma = q.dbeta = nullptr;
         q.dbias = whole.dbias ? gradients.data() + 2 * N : nullptr, q.dscale = whole.dscale ? gradients.data() + 3 * N : nullptr;
-        q.local_sums = sums[r].data(), q.global_sums = global.data(), q.global_rows = double(M);
+        q.local_sums = sums[r].data(), q.global_sums = global.data(), q.global_rows = &global_rows;
       }
       emulation::run_block(kThreads, [&q] { batch_norm_backward_kernel<T>(q); });
       std::vector<double>* summed[] = {&out.dgamma, &out.dbeta, &out.dbias, &out.dscale};

@@ -232,6 +232,19 @@ struct BatchNormBackwardArgs {
   int64_t dz_t_columns = 0;
   unsigned* dz_row_max_bits = nullptr;
   unsigned* dz_column_max_bits = nullptr;
+  // Batch statistics over a process group's ranks (issue 19): two launches around the ranks' gather of their sums,
+  // mean and invstd the global statistics (python/gemmbn/distributed.py).
+  // - column_sums_out [3, N] fp64: the sums launch. It writes this batch's column sums of dout, dout d and d alone
+  //   (d = y - mean; M >= 1); dz and the gradients must be null.
+  // - local_sums [3, N], global_sums [2, N] fp64 and global_rows (one fp64 on the device): the gradients' launch.
+  //   Its coefficients come from global_sums (the ranks' sums of dout and dout d added in rank order) over
+  //   global_rows rows, not from a pass over this batch (M >= 1); dgamma, dbeta and sum_grad_y are this batch's own,
+  //   from local_sums (its sums launch's). global_rows is the caller's (the forward's gathered count), read on the
+  //   device: >= M.
+  double* column_sums_out = nullptr;
+  const double* local_sums = nullptr;
+  const double* global_sums = nullptr;
+  const double* global_rows = nullptr;
 };
 // Workspace the call needs (reads dtype, M and N; the current device's SM count sizes it).
 Status batch_norm_backward_workspace_bytes(const BatchNormBackwardArgs& args, size_t& bytes);
