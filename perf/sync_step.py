@@ -8,8 +8,8 @@ nn.SyncBatchNorm, eager and torch.compile, and against gemmbn's own unsynchroniz
 
 Providers (each its own copy of one seeded model; M is each rank's rows):
   gemmbn-single      GemmScaleBatchNorm, no process group: the single-GPU time the target compares with (<= 1.05x)
-  gemmbn-sync        gemmbn.convert_sync_batchnorm: the PyTorch route (distributed.py)
-  gemmbn-sync-fused  the same with GEMMBN_SYNC_FUSED=1 set around each call: the fused launches (GPU only)
+  gemmbn-sync-fused  gemmbn.convert_sync_batchnorm: the fused launches (distributed.py's default on a GPU)
+  gemmbn-sync        the same with GEMMBN_SYNC_FUSED=0 set around each call: the PyTorch route
   syncbn-eager       ReferenceModel with nn.SyncBatchNorm.convert_sync_batchnorm (GPU only: SyncBatchNorm needs CUDA)
   syncbn-compile     torch.compile of that (GPU only)
 Modes: fwd (training forward under no_grad) and fwd_bwd (zero grads, forward, backward with a fixed cotangent).
@@ -78,7 +78,8 @@ def _models(K: int, N: int, dtype: torch.dtype, device: torch.device, providers:
 
 
 def _call(provider: str, module, x: torch.Tensor, dout: torch.Tensor, mode: str):
-    switch = _fused_switch if provider == "gemmbn-sync-fused" else contextlib.nullcontext
+    switch = {"gemmbn-sync": _route_switch("0"), "gemmbn-sync-fused": _route_switch("1")}.get(provider,
+                                                                                             contextlib.nullcontext)
 
     def run():
         with switch():
@@ -92,17 +93,22 @@ def _call(provider: str, module, x: torch.Tensor, dout: torch.Tensor, mode: str)
     return run
 
 
-@contextlib.contextmanager
-def _fused_switch():
-    before = os.environ.get(distributed.SYNC_FUSED)
-    os.environ[distributed.SYNC_FUSED] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(distributed.SYNC_FUSED)
-        else:
-            os.environ[distributed.SYNC_FUSED] = before
+def _route_switch(value: str):
+    """A context manager setting GEMMBN_SYNC_FUSED to value around a call (0: the PyTorch route, 1: the fused one)."""
+
+    @contextlib.contextmanager
+    def switch():
+        before = os.environ.get(distributed.SYNC_FUSED)
+        os.environ[distributed.SYNC_FUSED] = value
+        try:
+            yield
+        finally:
+            if before is None:
+                os.environ.pop(distributed.SYNC_FUSED)
+            else:
+                os.environ[distributed.SYNC_FUSED] = before
+
+    return switch
 
 
 def measure(M, K, N, config, providers, iters, device) -> list[dict]:
