@@ -398,7 +398,8 @@ def test_batch_norm_backward_over_ranks_equals_the_whole_batch(dtype):
     y = ((z * scale.double()).to(dtype))  # y = z s as stored: 0 where s is
     var, mean = torch.var_mean(y.float(), 0, correction=0)
     invstd = torch.rsqrt(var + 1e-5)
-    dout = randn(M, N).to(dtype)
+    # dL/dout small: a zero-scale column's invstd is 1/sqrt(eps), and its dscale (~1e5 at unit dout) overflows float16.
+    dout = (randn(M, N) / 64).to(dtype)
     gamma, scale = (torch.rand(N, device=DEVICE, generator=g) + 0.5).to(dtype), scale.to(dtype)
     op, sums_op = torch.ops.gemmbn.batch_norm_backward.default, torch.ops.gemmbn.batch_norm_backward_sums.default
     whole = op(dout, y, mean, invstd, gamma, scale, x, weight, bias, True, 0b11111)
