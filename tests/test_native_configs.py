@@ -84,8 +84,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048 where the
     # 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the 1x2-cluster row for M <= 2048; short
     # K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit K <= 1024 up to 8);
-    # under a wave of tiles with K > 4096 the cooperative stream-K 128x128 row (row 4; 16-bit where its 2x1 cluster
-    # pads nothing). split: 128x128 without a cluster, its stream-K row (row 1) under a wave of tiles with K > 1024.
+    # under a wave of tiles with K > 4096 one data-parallel wave of the cooperative 128x128 c2x1 row (row 4) where its
+    # cluster pads nothing, else TF32's cooperative stream-K 128x128 row (row 5). split: 128x128 without a cluster,
+    # its stream-K row (row 1) under a wave of tiles with K > 1024.
     rows = debug.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
@@ -97,8 +98,10 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[1]) == ((128, 256, 0, 1, 1) if tf32 else (128, 128, 1, 1, 2))
         assert layout(rows[2]) == (64, 128, 1, 1, 1)
         assert layout(rows[3]) == (64, 64, 1, 1, 1)
-        # select_config's stream-K row (4) in both tables.
-        assert layout(rows[4]) == ((128, 128, 0, 1, 1) if tf32 else (128, 128, 0, 2, 1)) and rows[4]["stream_k"] == 1
+        # select_config's one-wave row (4) in both tables, TF32's stream-K row (5).
+        assert layout(rows[4]) == (128, 128, 0, 2, 1) and rows[4]["stream_k"] == 0
+        if tf32:
+            assert layout(rows[5]) == (128, 128, 0, 1, 1) and rows[5]["stream_k"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
     expected_rows = {
         (128, 1024, 512): (3, 3),  # 4 tiles
@@ -107,9 +110,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (1024, 1024, 1024): (3, 3),  # 64 tiles, short K
         (512, 2048, 2048): (2, 3),  # 64 tiles: TF32 only 64x64 with short K
         (256, 4096, 4096): (2, 3),
-        (256, 8192, 8192): (4, 4),  # 128 tiles, under a wave, K > 4096: stream-K
+        (256, 8192, 8192): (4, 4),  # 128 tiles, under a wave, K > 4096: one wave of cooperative tiles
         (4096, 8192, 512): (4, 4),
-        (384, 8192, 4096): (4, 1),  # 96 tiles, 3 along M: the 16-bit stream-K row's 2x1 cluster would pad
+        (384, 8192, 4096): (5, 1),  # 96 tiles, 3 along M: row 4's 2x1 cluster would pad (TF32: its stream-K row)
         (4096, 4096, 512): (2, 0),  # the same tiles at K = 4096
         (1024, 8192, 512): (2, 3),  # 32 tiles: not past 64
         (4096, 1024, 1024): (2, 2),  # 256 tiles, short K

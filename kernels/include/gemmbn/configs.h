@@ -44,23 +44,24 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   tile (the clustered rows' old "cliffs" were padded tiles: unpadded_swizzle below);
 // - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
 //   64x128 row in 16-bit;
-// - the stream-K rows win only under a wave of tiles with long K (16-bit: where the 2x1 cluster pads nothing);
+// - under a wave of tiles with long K, one data-parallel wave of cooperative 128x128 tiles (both math warpgroups on
+//   a CTA's one tile; ping-pong leaves one idle there), on a 2x1 cluster where it pads nothing; TF32's stream-K row
+//   where it would (rows 4, 5: perf/NOTES.md v20; the 128x256 stream-K rows and 16-bit's 128x128 one never won);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators).
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
     {64, 128, 32, 1, 1, 32, 1, 0, 8},   // 2: ping-pong 64x128 (few tiles: small M x N)
     {64, 64, 32, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 4: cooperative 128x128, stream-K
-    {128, 256, 32, 1, 1, 16, 0, 0, 8, 1, 1},  // 5: row 1, stream-K
+    {128, 128, 32, 2, 1, 32, 0, 0, 8},        // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
+    {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 5: cooperative 128x128, stream-K (row 4 where its cluster pads)
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {128, 128, 64, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 128, 64, 1, 2, 32, 1, 0, 8},  // 1: ping-pong 128x128, x multicast to 2 CTAs (short M)
     {64, 128, 64, 1, 1, 32, 1, 0, 8},   // 2: ping-pong 64x128 (few tiles: small M x N)
     {64, 64, 64, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
-    {128, 128, 64, 2, 1, 32, 0, 0, 8, 1, 1},  // 4: cooperative 128x128, W multicast to 2 CTAs, stream-K
-    {128, 256, 64, 1, 1, 16, 0, 0, 8, 1, 1},  // 5: cooperative 128x256, stream-K
+    {128, 128, 64, 2, 1, 32, 0, 0, 8},  // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128
