@@ -10,11 +10,11 @@ namespace {
 
 using namespace gemmbn;
 
-template <class Element, TileConfig const* Table, int Row>
+template <GemmOperands Operands, int Row>
 void report_row(const char* type) {
-  using Kernel = detail::GemmScaleStatsKernel<Element, Table, Row>;
+  using Kernel = detail::GemmScaleStatsKernel<Operands, Row>;
   using Epilogue = typename Kernel::CollectiveEpilogue;
-  constexpr TileConfig c = Table[Row];
+  constexpr TileConfig c = config_at(Operands, Row);
   std::printf("%-5s row %d  %3dx%3dx%2d cluster %dx%d %-11s epilogue %3dx%-3d  stages %d  smem: epilogue %6zu B, total %6zu B\n",
               type, Row, c.tile_m, c.tile_n, c.tile_k, c.cluster_m, c.cluster_n, c.pingpong ? "ping-pong" : "cooperative",
               int(cute::size<0>(typename Epilogue::EpilogueTile{})), int(cute::size<1>(typename Epilogue::EpilogueTile{})),
@@ -22,15 +22,16 @@ void report_row(const char* type) {
               sizeof(typename Kernel::Kernel::SharedStorage));
 }
 
-template <class Element, TileConfig const* Table, int... Rows>
+template <GemmOperands Operands, int... Rows>
 void report_table(const char* type, std::integer_sequence<int, Rows...>) {
-  (report_row<Element, Table, Rows>(type), ...);
+  (report_row<Operands, Rows>(type), ...);
 }
 
 }  // namespace
 
 int main() {
-  report_table<float, kTf32Configs>("tf32", std::make_integer_sequence<int, kTf32ConfigCount>{});
-  report_table<cutlass::bfloat16_t, kHalfConfigs>("bf16", std::make_integer_sequence<int, kHalfConfigCount>{});
-  report_table<cutlass::half_t, kHalfConfigs>("fp16", std::make_integer_sequence<int, kHalfConfigCount>{});
+  report_table<GemmOperands::tf32>("tf32", std::make_integer_sequence<int, kTf32ConfigCount>{});
+  report_table<GemmOperands::bf16>("bf16", std::make_integer_sequence<int, kHalfConfigCount>{});
+  report_table<GemmOperands::f16>("fp16", std::make_integer_sequence<int, kHalfConfigCount>{});
+  report_table<GemmOperands::f32_split>("split", std::make_integer_sequence<int, kSplitConfigCount>{});
 }
