@@ -41,9 +41,10 @@ SETS: dict[str, list[Shape]] = {
     "latency": [Shape(128, 1024, 512), Shape(4096, 1024, 1024), Shape(1024, 8192, 8192), Shape(16384, 4096, 4096)],
     # Short K, where the statistics epilogue costs most (select_config's short-K clauses; all in the sweep too).
     "short_k": [Shape(16384, 512, 8192), Shape(4096, 512, 8192), Shape(65536, 512, 512), Shape(16384, 1024, 1024)],
-    # Long K under one wave of 128x128 tiles (select_config's one-wave row; two of them in the sweep too).
+    # Long K under one wave of 128x128 tiles (select_config's one-wave rows; two of them in the sweep too): 128x128
+    # tiles, then 128x96 ones (N a multiple of 96), then K = 4096.
     "long_k": [Shape(256, 8192, 8192), Shape(4096, 8192, 512), Shape(1024, 8192, 2048), Shape(512, 8192, 4096),
-               Shape(1536, 8192, 1024)],
+               Shape(1536, 8192, 1024), Shape(1024, 8192, 1536), Shape(2048, 8192, 768), Shape(1536, 4096, 1024)],
 }
 ALL_ORDER = ("kernelbench", "large_n", "tiny", "sweep")
 

@@ -84,9 +84,10 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048 where the
     # 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the 1x2-cluster row for M <= 2048; short
     # K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit K <= 1024 up to 8);
-    # under a wave of tiles with K > 4096 one data-parallel wave of the cooperative 128x128 c2x1 row (row 4) where its
-    # cluster pads nothing, else TF32's cooperative stream-K 128x128 row (row 5). split: 128x128 without a cluster,
-    # its stream-K row (row 1) under a wave of tiles with K > 1024.
+    # under a wave of tiles with K >= 4096 one data-parallel wave of cooperative c2x1 tiles where the cluster pads
+    # nothing: 128x96 (row 5) where N is a multiple of 96 and they make one wave, else 128x128 (row 4); where it pads
+    # and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split: 128x128 without a cluster, its stream-K
+    # row (row 1) under a wave of tiles with K > 1024.
     rows = debug.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
@@ -98,10 +99,12 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[1]) == ((128, 256, 0, 1, 1) if tf32 else (128, 128, 1, 1, 2))
         assert layout(rows[2]) == (64, 128, 1, 1, 1)
         assert layout(rows[3]) == (64, 64, 1, 1, 1)
-        # select_config's one-wave row (4) in both tables, TF32's stream-K row (5).
+        # select_config's one-wave rows (4: 128x128, 5: 128x96) in both tables, TF32's stream-K row (6).
         assert layout(rows[4]) == (128, 128, 0, 2, 1) and rows[4]["stream_k"] == 0
+        assert layout(rows[5]) == (128, 96, 0, 2, 1) and rows[5]["stream_k"] == 0
+        assert len(rows) == (7 if tf32 else 6)
         if tf32:
-            assert layout(rows[5]) == (128, 128, 0, 1, 1) and rows[5]["stream_k"] == 1
+            assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
     expected_rows = {
         (128, 1024, 512): (3, 3),  # 4 tiles
@@ -110,10 +113,19 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (1024, 1024, 1024): (3, 3),  # 64 tiles, short K
         (512, 2048, 2048): (2, 3),  # 64 tiles: TF32 only 64x64 with short K
         (256, 4096, 4096): (2, 3),
-        (256, 8192, 8192): (4, 4),  # 128 tiles, under a wave, K > 4096: one wave of cooperative tiles
+        (256, 8192, 8192): (4, 4),  # 128 tiles, under a wave, K >= 4096: one wave of cooperative tiles
         (4096, 8192, 512): (4, 4),
-        (384, 8192, 4096): (5, 1),  # 96 tiles, 3 along M: row 4's 2x1 cluster would pad (TF32: its stream-K row)
-        (4096, 4096, 512): (2, 0),  # the same tiles at K = 4096
+        (4096, 4096, 512): (4, 4),  # K = 4096 too
+        (1536, 4096, 1024): (4, 4),  # 96 tiles (128x96 would make 132, but N is not a multiple of 96)
+        (1536, 8192, 1024): (4, 4),
+        (1024, 8192, 1536): (5, 5),  # 96 tiles; 128 of 128x96 with N a multiple of 96
+        (2048, 8192, 768): (5, 5),
+        (1280, 8192, 1152): (5, 5),  # 90 tiles, 120 of 128x96
+        (1536, 8192, 1152): (4, 4),  # 108 tiles, but 144 of 128x96: past a wave
+        (384, 8192, 4096): (6, 1),  # 96 tiles, 3 along M: row 4's 2x1 cluster would pad (TF32: its stream-K row)
+        (1152, 8192, 1536): (6, 1),  # 108 tiles, 9 along M: both one-wave rows' clusters would pad
+        (384, 4096, 4096): (2, 1),  # the same at K = 4096: no stream-K row there
+        (4096, 2048, 512): (2, 0),  # 128 tiles at K = 2048
         (1024, 8192, 512): (2, 3),  # 32 tiles: not past 64
         (4096, 1024, 1024): (2, 2),  # 256 tiles, short K
         (4096, 1025, 1024): (0, 0),  # the same, K past short
@@ -138,7 +150,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
     }
     # The split GEMM's stream-K row (the others take row 0): under 132 tiles with K > 1024.
     split_stream_k = {(512, 2048, 512), (512, 2048, 2048), (256, 4096, 4096), (256, 8192, 8192), (4096, 8192, 512), (4096, 4096, 512),
-                      (1024, 8192, 512), (1024, 65536, 1024), (1024, 4096, 1024), (384, 8192, 4096)}
+                      (1024, 8192, 512), (1024, 65536, 1024), (1024, 4096, 1024), (384, 8192, 4096), (1536, 4096, 1024),
+                      (1536, 8192, 1024), (1024, 8192, 1536), (2048, 8192, 768), (1280, 8192, 1152), (1536, 8192, 1152),
+                      (1152, 8192, 1536), (384, 4096, 4096), (4096, 2048, 512)}
     expected_rows[(1024, 65536, 1024)] = expected_rows[(1024, 4096, 1024)] = (2, 3)  # dW = dz^T x, 65536/4096 rows
     split_row = lambda shape: 1 if shape in split_stream_k else 0  # noqa: E731
     # Without the statistics node (eval, the plain GEMM) the short-K clause for 64x128 tiles is off.

@@ -37,8 +37,10 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19). Small problems
 // first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost
 // exposed): 64x64 tiles up to 16 such tiles, and up to 64 when K <= 1024 or the data is 16-bit; under a wave of tiles
-// with K > 4096 one data-parallel wave of cooperative 128x128 tiles on a 2x1 cluster where it pads no tile, else in
-// TF32 the stream-K 128x128 row (bf16 1024x8192->2048 0.059 -> 0.053 ms, TF32 0.110 -> 0.102; perf/NOTES.md v20);
+// with K >= 4096 one data-parallel wave of cooperative tiles on a 2x1 cluster where it pads no tile: 128x96 ones where
+// N is a multiple of 96 and they make one wave (bf16 1024x8192->1536 0.050 -> 0.044 ms; at N = 1024 the partial last
+// column of tiles lost: 0.051 -> 0.054), else 128x128 (bf16 1024x8192->2048 0.059 -> 0.053, TF32 1536x4096->1024
+// 0.077 -> 0.054); where the cluster pads and K > 4096, TF32's stream-K 128x128 row (perf/NOTES.md v20);
 // 64x128 tiles under one wave otherwise in TF32, and up to two waves when K <= 1024; past that with K <= 512 (TF32:
 // up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. Larger problems take the
 // ping-pong 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative
@@ -48,15 +50,18 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
-  constexpr int kOneWave = 4, kStreamK = 5, kLongK = 4096, kShorterK = 512, kSplitStreamK = 1;  // kStreamK: TF32's
+  constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
+  constexpr int kLongK = 4096, kShorterK = 512, kSplitStreamK = 1;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int64_t tiles = tiles_128(M, N);
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
   if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
   if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
-  if (tiles > 64 && tiles < kWave && K > kLongK) {
+  if (tiles > 64 && tiles < kWave && K >= kLongK) {
+    const bool one_wave_96 = N % 96 == 0 && grid_tiles(config_at(operands, kOneWave96), M, N, 1) <= kWave;
+    if (one_wave_96 && !pads(kOneWave96)) return kOneWave96;
     if (!pads(kOneWave)) return kOneWave;
-    if (tf32) return kStreamK;
+    if (tf32 && K > kLongK) return kStreamK;
   }
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
   // Short K with more tiles, statistics on: the epilogue dominates and the 64x128 row's one subtile

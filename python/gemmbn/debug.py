@@ -88,9 +88,10 @@ def monotonic_ns() -> int:
 
 def gemm_configs(dtype: str, split: bool = False) -> list[dict[str, int]]:
     """The configuration table (kernels/include/gemmbn/configs.h), one dict of CONFIG_FIELDS per row (swizzle: the
-    table's, as a problem of 65536 x 65536 outputs gets it, which every swizzle and cluster divides)."""
+    table's, as a problem of 196608 x 196608 outputs gets it: 3 x 2^16, whose tile grid every tile width (96 too),
+    swizzle and cluster divides)."""
     ops = _ops()
-    return [dict(zip(CONFIG_FIELDS, ops.gemm_config_row(dtype, 65536, 65536, 1, i, split, True)))
+    return [dict(zip(CONFIG_FIELDS, ops.gemm_config_row(dtype, 196608, 196608, 1, i, split, True)))
             for i in range(ops.gemm_config_count(dtype, split))]  # fmt: skip
 
 

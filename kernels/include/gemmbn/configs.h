@@ -45,8 +45,10 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 // - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
 //   64x128 row in 16-bit;
 // - under a wave of tiles with long K, one data-parallel wave of cooperative 128x128 tiles (both math warpgroups on
-//   a CTA's one tile; ping-pong leaves one idle there), on a 2x1 cluster where it pads nothing; TF32's stream-K row
-//   where it would (rows 4, 5: perf/NOTES.md v20; the 128x256 stream-K rows and 16-bit's 128x128 one never won);
+//   a CTA's one tile; ping-pong leaves one idle there), on a 2x1 cluster where it pads nothing; 128x96 tiles where
+//   N is a multiple of 96 and they still make one wave (more SMs busy, each with 3/4 of the work); TF32's stream-K
+//   row where the cluster would pad (rows 4-6: perf/NOTES.md v20; the 128x256 stream-K rows and 16-bit's 128x128
+//   one never won);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators).
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
@@ -54,7 +56,8 @@ inline constexpr TileConfig kTf32Configs[] = {
     {64, 128, 32, 1, 1, 32, 1, 0, 8},   // 2: ping-pong 64x128 (few tiles: small M x N)
     {64, 64, 32, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
     {128, 128, 32, 2, 1, 32, 0, 0, 8},        // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
-    {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 5: cooperative 128x128, stream-K (row 4 where its cluster pads)
+    {128, 96, 32, 2, 1, 32, 0, 0, 8},         // 5: row 4 on 128x96 tiles (one wave of them, N a multiple of 96)
+    {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 6: cooperative 128x128, stream-K (row 4 where its cluster pads)
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {128, 128, 64, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
@@ -62,6 +65,7 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {64, 128, 64, 1, 1, 32, 1, 0, 8},   // 2: ping-pong 64x128 (few tiles: small M x N)
     {64, 64, 64, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
     {128, 128, 64, 2, 1, 32, 0, 0, 8},  // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
+    {128, 96, 64, 2, 1, 32, 0, 0, 8},   // 5: row 4 on 128x96 tiles (one wave of them, N a multiple of 96)
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128
