@@ -58,8 +58,8 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
   if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
   if (tiles > 64 && tiles < kWave && K >= kLongK) {
-    const bool one_wave_96 = N % 96 == 0 && grid_tiles(config_at(operands, kOneWave96), M, N, 1) <= kWave;
-    if (one_wave_96 && !pads(kOneWave96)) return kOneWave96;
+    const TileConfig& narrow = config_at(operands, kOneWave96);
+    if (N % narrow.tile_n == 0 && grid_tiles(narrow, M, N, 1) <= kWave && !pads(kOneWave96)) return kOneWave96;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }
