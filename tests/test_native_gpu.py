@@ -453,6 +453,28 @@ def test_eval_forward_is_the_fold_and_the_gemm(name):
         operators().eval_forward(x, w, b, s, gamma, beta, rm, rv[1:], 1e-5, *_operator_split(name, w))
 
 
+@pytest.mark.parametrize("name", list(OPERANDS))
+def test_eval_affine_and_the_folded_forward_are_eval_forward_in_two_calls(name):
+    # eval_affine is eval_forward's fold alone ([2, N]: gain, shift) and eval_forward_folded its GEMM: together
+    # bitwise eval_forward (the module keeps the first across calls, eval_fold_cache.py).
+    x, w, b, s, gamma, beta, rm, rv = _eval_problem(name, seed=7)
+    M, N, dtype = x.shape[0], w.shape[0], x.dtype
+    split = _operator_split(name, w)
+    expected = operators().eval_forward(x, w, b, s, gamma, beta, rm, rv, 1e-5, *split)
+    poison_next_allocation((2, N))
+    affine = operators().eval_affine(x, w, b, s, gamma, beta, rm, rv, 1e-5)
+    gain, shift = _folded_affine(gamma, beta, rm, rv, b, s)
+    poison_next_allocation((M, N), dtype)
+    out = operators().eval_forward_folded(x, w, affine, *split)
+    torch.cuda.synchronize()
+    assert torch.equal(affine[0], gain) and torch.equal(affine[1], shift)
+    assert not out.isnan().any() and torch.equal(out, expected)
+    with pytest.raises(RuntimeError, match=r"affine must have shape \[2, %d\]" % N):
+        operators().eval_forward_folded(x, w, affine[:, 1:], *split)
+    with pytest.raises(RuntimeError, match="running_var must have shape"):
+        operators().eval_affine(x, w, b, s, gamma, beta, rm, rv[1:], 1e-5)
+
+
 # --- the fp32-faithful split GEMM ---------------------------------------------------------------
 
 

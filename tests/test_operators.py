@@ -59,6 +59,10 @@ def test_cpu_tensors_are_refused_by_name_and_nothing_moves():
         _op("normalize_from_moments")(torch.randn(M, N), torch.zeros(2, 3, N), *args[4:9], 0.1, 1e-5)
     for before, after in zip(running, args[6:9]):
         assert torch.equal(before, after)
+    with pytest.raises(RuntimeError, match="gemmbn: x must be a CUDA tensor"):
+        _op("eval_affine")(*args[:8], 1e-5)
+    with pytest.raises(RuntimeError, match="gemmbn: x must be a CUDA tensor"):
+        _op("eval_forward_folded")(args[0], args[1], torch.zeros(2, N), None, None)
     with pytest.raises(RuntimeError, match="gemmbn: weight must be a CUDA tensor"):
         _op("split_weight")(torch.randn(N, K))
     with pytest.raises(RuntimeError, match="gemmbn: t must be a CUDA tensor"):
@@ -77,6 +81,10 @@ def test_fakes_give_the_output_shapes(dtype):
         args = _train_arguments(dtype=dtype)
         evaluated = _op("eval_forward")(*args[:6], args[6], args[7], 1e-5, None, None)
         assert (evaluated.shape, evaluated.dtype) == ((M, N), dtype)
+        affine = _op("eval_affine")(*args[:6], args[6], args[7], 1e-5)
+        assert (affine.shape, affine.dtype) == ((2, N), torch.float32)
+        folded = _op("eval_forward_folded")(args[0], args[1], affine, None, None)
+        assert (folded.shape, folded.dtype) == ((M, N), dtype)
         assert _op("linear_scale")(args[0], args[1], None, None, None, None).shape == (M, N)
         y, moments = _op("train_moments")(*args[:4], None, None)
         assert (y.shape, y.dtype, moments.shape, moments.dtype) == ((M, N), dtype, (3, N), torch.float32)

@@ -65,6 +65,9 @@ def test_opcheck_the_split_gemm_and_its_helpers():
     torch.library.opcheck(_op("train_forward"), args, test_utils=UTILS)
     x, weight, bias, scale, gamma, beta, running_mean, running_var = args[:8]
     torch.library.opcheck(_op("eval_forward"), (*args[:8], 1e-5, *args[11:13]), test_utils=UTILS)
+    torch.library.opcheck(_op("eval_affine"), (*args[:8], 1e-5), test_utils=UTILS)
+    affine = _op("eval_affine")(*args[:8], 1e-5)
+    torch.library.opcheck(_op("eval_forward_folded"), (x, weight, affine, *args[11:13]), test_utils=UTILS)
     torch.library.opcheck(_op("linear_scale"), (x, weight, bias, None, *args[11:13]), test_utils=UTILS)
     torch.library.opcheck(_op("split_weight"), (weight,), test_utils=UTILS)
     torch.library.opcheck(_op("split_columns"), (x,), test_utils=UTILS)

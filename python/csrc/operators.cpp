@@ -150,6 +150,36 @@ std::tuple<Tensor, Tensor, Tensor> normalize_from_moments(
   return {out, save_mean, save_invstd};
 }
 
+// eval_forward's fold, but for bias and scale (read for the GEMM first): gamma, beta and the running statistics, [N]
+// each of the problem's dtype (read in place, or as copies the caller keeps until the launch), and eps.
+void bind_fold(gemmbn::FoldEvalAffineArgs& f, OptionalTensor& gamma, OptionalTensor& beta, Tensor& running_mean,
+               Tensor& running_var, double eps, const Problem& p) {
+  f.dtype = p.kernel_dtype;
+  f.gamma = read_vector(gamma, "gamma", p, f.N);
+  f.beta = read_vector(beta, "beta", p, f.N);
+  running_mean = readable(running_mean, "running_mean", p, p.dtype, {f.N});
+  running_var = readable(running_var, "running_var", p, p.dtype, {f.N});
+  f.running_mean = running_mean.data_ptr();
+  f.running_var = running_var.data_ptr();
+  if (!(eps > 0)) fail("eps = " + std::to_string(eps) + " is not positive (the kernels need sqrt(var + eps) > 0)");
+  f.eps = eps;
+}
+
+// The eval GEMM's launch: out = (x W^T) gain + shift, g's bias and scale already folded away; `scratch` has any
+// place the caller reserved (bound after allocation by the caller's `bind`).
+template <class Bind>
+Tensor launch_eval_gemm(gemmbn::GemmScaleStatsArgs& g, Tensor& x, const Problem& p, Scratch& scratch,
+                        std::optional<size_t> x_scale_at, Bind bind) {
+  Tensor out = empty(x, {g.M, g.N}, p.dtype);
+  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
+  scratch.allocate(x);
+  bind_scratch(g, scratch, x_scale_at, workspace_at);
+  bind();
+  g.y = out.data_ptr();
+  raise_on_error(gemmbn::gemm_scale_stats(g, current_stream(p.device)));
+  return out;
+}
+
 // out = ((x W^T + b) s - running_mean) / sqrt(running_var + eps) gamma + beta: bias, scale and the running statistics
 // folded into a per-column gain and shift, then one GEMM (api.h: fold_eval_affine, gemm_scale_stats).
 Tensor eval_forward(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, OptionalTensor gamma,
@@ -163,33 +193,54 @@ Tensor eval_forward(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, 
   OptionalTensor scale_read = scale;
   gemmbn::GemmScaleStatsArgs g =
       gemm_arguments(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, x_scale_at);
-  const int64_t M = g.M, N = g.N;
   gemmbn::FoldEvalAffineArgs f;
-  f.dtype = p.kernel_dtype;
   f.N = g.N;
-  f.gamma = read_vector(gamma, "gamma", p, N);
-  f.beta = read_vector(beta, "beta", p, N);
-  running_mean = readable(running_mean, "running_mean", p, p.dtype, {N});
-  running_var = readable(running_var, "running_var", p, p.dtype, {N});
-  f.running_mean = running_mean.data_ptr();
-  f.running_var = running_var.data_ptr();
-  if (!(eps > 0)) fail("eps = " + std::to_string(eps) + " is not positive (the kernels need sqrt(var + eps) > 0)");
-  f.eps = eps;
-  Tensor out = empty(x, {M, N}, p.dtype);
-  const size_t affine_at = scratch.add(sizeof(float) * 2 * N);  // the folded gain, then the shift
-  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
-  scratch.allocate(x);
-  bind_scratch(g, scratch, x_scale_at, workspace_at);
-  f.gain = scratch.at<float>(affine_at), f.shift = f.gain + N;
-  g.gain = f.gain, g.shift = f.shift;
+  bind_fold(f, gamma, beta, running_mean, running_var, eps, p);
   f.bias = g.bias, f.scale = g.scale;  // folded into the gain and shift: the GEMM runs without them
   g.bias = g.scale = nullptr;
-  g.y = out.data_ptr();
-  const cudaStream_t stream = current_stream(p.device);
+  const size_t affine_at = scratch.add(sizeof(float) * 2 * g.N);  // the folded gain, then the shift
   // The fold writes only the affine scratch, so a GEMM refused after it leaves the caller's state as it was.
-  raise_on_error(gemmbn::fold_eval_affine(f, stream));
-  raise_on_error(gemmbn::gemm_scale_stats(g, stream));
-  return out;
+  return launch_eval_gemm(g, x, p, scratch, x_scale_at, [&] {
+    f.gain = scratch.at<float>(affine_at), f.shift = f.gain + g.N;
+    g.gain = f.gain, g.shift = f.shift;
+    raise_on_error(gemmbn::fold_eval_affine(f, current_stream(p.device)));
+  });
+}
+
+// [2, N] float32, the gain then the shift: eval_forward's fold alone (same arguments and checks), for a caller that
+// keeps it while none of its inputs changes (python/gemmbn/eval_fold_cache.py) and runs eval_forward_folded with it.
+Tensor eval_affine(Tensor x, Tensor weight, OptionalTensor bias, Tensor scale, OptionalTensor gamma, OptionalTensor beta,
+                   Tensor running_mean, Tensor running_var, double eps) {
+  const Problem p = problem_of(x, "x");
+  torch::stable::accelerator::DeviceGuard guard(p.device);
+  if (weight.dim() != 2) fail("weight must be 2-D, got shape " + shape_string(weight));
+  gemmbn::FoldEvalAffineArgs f;
+  f.N = checked_int(weight.size(0), "N");
+  OptionalTensor scale_read = scale;
+  f.bias = read_vector(bias, "bias", p, f.N);
+  f.scale = read_vector(scale_read, "scale", p, f.N);
+  bind_fold(f, gamma, beta, running_mean, running_var, eps, p);
+  Tensor affine = empty(x, {2, f.N}, ScalarType::Float);
+  f.gain = static_cast<float*>(affine.data_ptr()), f.shift = f.gain + f.N;
+  raise_on_error(gemmbn::fold_eval_affine(f, current_stream(p.device)));
+  return affine;
+}
+
+// out = (x W^T) gain + shift with eval_affine's [2, N] (gain, shift): eval_forward without its fold.
+Tensor eval_forward_folded(Tensor x, Tensor weight, Tensor affine, OptionalTensor weight_split,
+                           OptionalTensor weight_unscale) {
+  gemmbn::note_host_mark(gemmbn::HostMark::operator_entered);
+  const Problem p = problem_of(x, "x");
+  torch::stable::accelerator::DeviceGuard guard(p.device);
+  Scratch scratch;
+  std::optional<size_t> x_scale_at;
+  OptionalTensor no_bias, no_scale;
+  gemmbn::GemmScaleStatsArgs g =
+      gemm_arguments(x, weight, no_bias, no_scale, weight_split, weight_unscale, p, scratch, x_scale_at);
+  affine = readable(affine, "affine", p, ScalarType::Float, {2, g.N});
+  return launch_eval_gemm(g, x, p, scratch, x_scale_at, [&] {
+    g.gain = static_cast<const float*>(affine.data_ptr()), g.shift = g.gain + g.N;
+  });
 }
 
 // y = (x W^T + b) s on the GEMM without statistics (bias, scale None: 0, 1); the fp32-faithful GEMM when
@@ -423,6 +474,10 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
         "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def("eval_forward(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? gamma, Tensor? beta, "
         "Tensor running_mean, Tensor running_var, float eps, Tensor? weight_split, Tensor? weight_unscale) -> Tensor");
+  m.def("eval_affine(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? gamma, Tensor? beta, "
+        "Tensor running_mean, Tensor running_var, float eps) -> Tensor");
+  m.def("eval_forward_folded(Tensor x, Tensor weight, Tensor affine, Tensor? weight_split, Tensor? weight_unscale) "
+        "-> Tensor");
   m.def("linear_scale(Tensor x, Tensor weight, Tensor? bias, Tensor? scale, Tensor? weight_split, "
         "Tensor? weight_unscale) -> Tensor");
   m.def("train_moments(Tensor x, Tensor weight, Tensor? bias, Tensor scale, Tensor? weight_split, "
@@ -445,6 +500,8 @@ STABLE_TORCH_LIBRARY_FRAGMENT(gemmbn, m) {
 #define GEMMBN_REGISTER_KERNELS(m)                                    \
   m.impl("train_forward", TORCH_BOX(&train_forward));                 \
   m.impl("eval_forward", TORCH_BOX(&eval_forward));                   \
+  m.impl("eval_affine", TORCH_BOX(&eval_affine));                     \
+  m.impl("eval_forward_folded", TORCH_BOX(&eval_forward_folded));     \
   m.impl("linear_scale", TORCH_BOX(&linear_scale));                   \
   m.impl("train_moments", TORCH_BOX(&train_moments));                 \
   m.impl("normalize_from_moments", TORCH_BOX(&normalize_from_moments)); \

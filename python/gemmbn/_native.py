@@ -18,9 +18,9 @@ from .precision import FUSED_DTYPES
 
 # The operators use LibTorch's stable ABI as of torch 2.10 (CMakeLists.txt: TORCH_TARGET_VERSION).
 OPERATORS_MIN_TORCH = (2, 10)
-OPERATOR_NAMES = ("train_forward", "eval_forward", "linear_scale", "train_moments", "normalize_from_moments",
-                  "split_weight", "split_columns", "split_matmul", "transpose_padded", "batch_norm_backward",
-                  "batch_norm_backward_sums")  # fmt: skip
+OPERATOR_NAMES = ("train_forward", "eval_forward", "eval_affine", "eval_forward_folded", "linear_scale",
+                  "train_moments", "normalize_from_moments", "split_weight", "split_columns", "split_matmul",
+                  "transpose_padded", "batch_norm_backward", "batch_norm_backward_sums")  # fmt: skip
 
 
 def _torch_version() -> tuple[int, int]:

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.autograd.graph import increment_version
 
 from . import precision as precision_mod
-from . import weight_cache
+from . import eval_fold_cache, weight_cache
 from ._native import call as _call
 from ._native import operator
 
@@ -75,9 +75,14 @@ def eval_forward(
     eps: float,
     gemm_kind: str,
 ) -> Tensor:
-    """Running-statistics forward: out = ((xW^T + b) s) g + c with g = gamma/sqrt(rv + eps), c = beta - rm g."""
+    """Running-statistics forward: out = ((xW^T + b) s) g + c with g = gamma/sqrt(rv + eps), c = beta - rm g; the
+    fold of b, s, g and c into a gain and a shift is kept while none of them changes (eval_fold_cache)."""
     split = _split_weight(weight, gemm_kind)
-    return _call(operator("eval_forward"), x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, *split)
+    affine = eval_fold_cache.affine(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps)
+    if affine is None:
+        return _call(operator("eval_forward"), x, weight, bias, scale, gamma, beta, running_mean, running_var, eps,
+                     *split)  # fmt: skip
+    return _call(operator("eval_forward_folded"), x, weight, affine, *split)
 
 
 # --- backward ---------------------------------------------------------------------------------

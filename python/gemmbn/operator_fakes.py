@@ -25,6 +25,14 @@ def _eval_forward(x, weight, bias, scale, gamma, beta, running_mean, running_var
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+def _eval_affine(x, weight, bias, scale, gamma, beta, running_mean, running_var, eps):
+    return x.new_empty((2, weight.shape[0]), dtype=torch.float32)
+
+
+def _eval_forward_folded(x, weight, affine, weight_split, weight_unscale):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
 def _linear_scale(x, weight, bias, scale, weight_split, weight_unscale):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
@@ -77,6 +85,8 @@ def _batch_norm_backward_sums(dout, y, mean, invstd):
 _FAKES = {
     "train_forward": _train_forward,
     "eval_forward": _eval_forward,
+    "eval_affine": _eval_affine,
+    "eval_forward_folded": _eval_forward_folded,
     "linear_scale": _linear_scale,
     "train_moments": _train_moments,
     "normalize_from_moments": _normalize_from_moments,
