@@ -80,14 +80,15 @@ def test_split_workspace_sizes():
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
 def test_selection_follows_the_measured_rule(dtype, split):
     # select_config (gemm_dispatch.cpp; sweeps quoted in configs.h): small problems by their count of
-    # 128x128 tiles and K take the 64x64 (row 3) or 64x128 (row 2) rows; larger ones ping-pong 128x128 with
+    # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 1024, the
+    # row that makes the most of one wave: 128x96 (row 5) where that grid fills more than half a wave without passing
+    # it and its 2x1 cluster pads nothing (past 64 tiles only where N is a multiple of 96 or K < 4096), else 64x128
+    # (row 2) up to 64 tiles, else 128x128 (row 4); larger ones ping-pong 128x128 with
     # a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048 where the
     # 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the 1x2-cluster row for M <= 2048; short
     # K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit K <= 1024 up to 8);
-    # under a wave of tiles with K >= 4096 one data-parallel wave of cooperative c2x1 tiles where the cluster pads
-    # nothing: 128x96 (row 5) where N is a multiple of 96 and they make one wave, else 128x128 (row 4); where it pads
-    # and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split: 128x128 without a cluster, its stream-K
-    # row (row 1) under a wave of tiles with K > 1024.
+    # where row 4's cluster pads and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split: 128x128
+    # without a cluster, its stream-K row (row 1) under a wave of tiles with K > 1024.
     rows = debug.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
@@ -111,8 +112,17 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (256, 1024, 1024): (3, 3),  # 16 tiles
         (512, 2048, 512): (3, 3),  # 16 tiles, K > 1024
         (1024, 1024, 1024): (3, 3),  # 64 tiles, short K
-        (512, 2048, 2048): (2, 3),  # 64 tiles: TF32 only 64x64 with short K
-        (256, 4096, 4096): (2, 3),
+        (128, 4096, 4096): (3, 3),  # 32 tiles
+        (1024, 8192, 512): (3, 3),
+        (512, 2048, 2048): (5, 5),  # 64 tiles; 88 of 128x96
+        (256, 4096, 4096): (5, 5),  # 86 of 128x96 (N no multiple of 96: at most 64 tiles it still wins)
+        (256, 16384, 4096): (5, 5),
+        (256, 4096, 3072): (2, 2),  # 64 of 128x96: half a wave
+        (384, 4096, 2048): (2, 2),  # 3 tiles along M: the 2x1 cluster would pad
+        (1024, 1024, 1536): (5, 5),  # 96 tiles, K = 1024: 128 of 128x96
+        (1024, 2048, 1536): (5, 5),
+        (1536, 2048, 1024): (5, 5),  # N no multiple of 96, but K < 4096
+        (1024, 2048, 2048): (4, 4),  # 128 tiles, 176 of 128x96: past a wave
         (256, 8192, 8192): (4, 4),  # 128 tiles, under a wave, K >= 4096: one wave of cooperative tiles
         (4096, 8192, 512): (4, 4),
         (4096, 4096, 512): (4, 4),  # K = 4096 too
@@ -125,8 +135,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (384, 8192, 4096): (6, 1),  # 96 tiles, 3 along M: row 4's 2x1 cluster would pad (TF32: its stream-K row)
         (1152, 8192, 1536): (6, 1),  # 108 tiles, 9 along M: both one-wave rows' clusters would pad
         (384, 4096, 4096): (2, 1),  # the same at K = 4096: no stream-K row there
-        (4096, 2048, 512): (2, 0),  # 128 tiles at K = 2048
-        (1024, 8192, 512): (2, 3),  # 32 tiles: not past 64
+        (4096, 2048, 512): (4, 4),  # 128 tiles at K = 2048
         (4096, 1024, 1024): (2, 2),  # 256 tiles, short K
         (4096, 1025, 1024): (0, 0),  # the same, K past short
         (4352, 1024, 1024): (0, 2),  # 272 tiles: past two waves; 16-bit up to 8 waves at K <= 1024
@@ -149,7 +158,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (65536, 1024, 1024): (0, 0),
     }
     # The split GEMM's stream-K row (the others take row 0): under 132 tiles with K > 1024.
-    expected_rows[(1024, 65536, 1024)] = expected_rows[(1024, 4096, 1024)] = (2, 3)  # dW = dz^T x, 65536/4096 rows
+    expected_rows[(1024, 65536, 1024)] = expected_rows[(1024, 4096, 1024)] = (5, 5)  # 88 of 128x96
     split_row = lambda shape: 1 if _tiles_128(shape[0], shape[2]) < 132 and shape[1] > 1024 else 0  # noqa: E731
     # Without the statistics node (eval, the plain GEMM) the short-K clause for 64x128 tiles is off.
     short_k_shapes = ((4352, 1024, 1024), (16384, 1024, 1024), (4096, 1024, 4096), (4224, 1024, 4096),

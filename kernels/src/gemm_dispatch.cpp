@@ -34,18 +34,20 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
                   GEMMBN_SPLIT_ROWS == kSplitConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
-// Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19). Small problems
-// first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's fixed cost
-// exposed): 64x64 tiles up to 16 such tiles, and up to 64 when K <= 1024 or the data is 16-bit; under a wave of tiles
-// with K >= 4096 one data-parallel wave of cooperative tiles on a 2x1 cluster where it pads no tile: 128x96 ones where
-// N is a multiple of 96 and they make one wave (bf16 1024x8192->1536 0.050 -> 0.044 ms; at N = 1024 the partial last
-// column of tiles lost: 0.051 -> 0.054), else 128x128 (bf16 1024x8192->2048 0.059 -> 0.053, TF32 1536x4096->1024
-// 0.077 -> 0.054); where the cluster pads and K > 4096, TF32's stream-K 128x128 row (perf/NOTES.md v20);
+// Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19-v21). Small problems
+// first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's
+// fixed cost exposed): 64x64 tiles up to 32 such tiles, and up to 64 when K <= 1024. Past that, under a wave of
+// tiles with K >= 1024, the most of one wave: cooperative 128x96 tiles on a 2x1 cluster where they fill more than half
+// a wave without passing it and the cluster pads nothing (both math warpgroups on a tile, where a ping-pong row with
+// one tile per SM leaves one idle: bf16 256x4096->4096 0.033 -> 0.030 ms, 1024x2048->1536 0.037 -> 0.019,
+// 1024x65536->1024 0.529 -> 0.270), else the 64x128 row up to 64 tiles; over 64 tiles, where N is no
+// multiple of 96 and K >= 4096 the partial last column of 128x96 tiles lost (bf16 1536x8192->1024 0.054 vs 0.051), the
+// cooperative 128x128 row where its cluster pads nothing, TF32's stream-K 128x128 row where it does and K > 4096 (v20);
 // 64x128 tiles under one wave otherwise in TF32, and up to two waves when K <= 1024; past that with K <= 512 (TF32:
-// up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. Larger problems take the
-// ping-pong 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative
-// 128x256 row where the 2x1 cluster would pad a tile (an odd number of 128-row tiles), else row 0 too (no cliff
-// since the launch's swizzle pads no tile: 1536x4096->4096 0.145 vs 0.190 ms, v19).
+// up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. Larger problems take the ping-pong
+// 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative 128x256 row
+// where the 2x1 cluster would pad a tile (an odd number of 128-row tiles), else row 0 too (no cliff since the
+// launch's swizzle pads no tile: 1536x4096->4096 0.145 vs 0.190 ms, v19).
 // The split GEMM has one tile shape: fewer tiles than a wave with K past kShortK take its stream-K row.
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
@@ -56,10 +58,14 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   const int64_t tiles = tiles_128(M, N);
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
   if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
-  if (tiles <= 16 || (tiles <= 64 && (short_k || !tf32))) return kSmall;
-  if (tiles > 64 && tiles < kWave && K >= kLongK) {
+  if (tiles <= 32 || (tiles <= 64 && short_k)) return kSmall;
+  if (tiles < kWave && K >= kShortK) {
     const TileConfig& narrow = config_at(operands, kOneWave96);
-    if (N % narrow.tile_n == 0 && grid_tiles(narrow, M, N, 1) <= kWave && !pads(kOneWave96)) return kOneWave96;
+    const int64_t narrow_tiles = grid_tiles(narrow, M, N, 1);
+    // 128x96 tiles filling more than half of one wave; a partial last column of them lost to row 4 at K >= 4096.
+    const bool narrow_wave = 2 * narrow_tiles > kWave && narrow_tiles <= kWave && !pads(kOneWave96);
+    if (tiles <= 64) return narrow_wave ? kOneWave96 : kNarrow;
+    if (narrow_wave && (N % narrow.tile_n == 0 || K < kLongK)) return kOneWave96;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }

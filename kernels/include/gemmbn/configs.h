@@ -44,11 +44,11 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   tile (the clustered rows' old "cliffs" were padded tiles: unpadded_swizzle below);
 // - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
 //   64x128 row in 16-bit;
-// - under a wave of tiles with long K, one data-parallel wave of cooperative 128x128 tiles (both math warpgroups on
-//   a CTA's one tile; ping-pong leaves one idle there), on a 2x1 cluster where it pads nothing; 128x96 tiles where
-//   N is a multiple of 96 and they still make one wave (more SMs busy, each with 3/4 of the work); TF32's stream-K
-//   row where the cluster would pad (rows 4-6: perf/NOTES.md v20; the 128x256 stream-K rows and 16-bit's 128x128
-//   one never won);
+// - under a wave of tiles with K >= 1024, one data-parallel wave of cooperative tiles (both math warpgroups on a CTA's
+//   one tile; ping-pong leaves one idle there) on a 2x1 cluster where it pads nothing: 128x96 ones where they fill
+//   more than half a wave (more SMs busy, each with 3/4 of a 128x128 tile's work), else 128x128 past 64 tiles; TF32's
+//   stream-K row where the cluster would pad (rows 4-6: perf/NOTES.md v20, v21; the 128x256 stream-K rows and 16-bit's
+//   128x128 one never won);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators).
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
