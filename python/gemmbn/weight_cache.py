@@ -15,34 +15,17 @@ trace's fake tensors.
 
 from __future__ import annotations
 
-import threading
-import weakref
-from dataclasses import dataclass
-
-import torch
 from torch import Tensor
 
 from ._native import call, operator
+from .version_cache import VersionCache
 
-
-@dataclass
-class _Entry:
-    owner: weakref.ref
-    data_ptr: int
-    version: int
-    shape: torch.Size
-    weight_split: Tensor
-    weight_unscale: Tensor
-
-
-_entries: dict[int, _Entry] = {}
-_lock = threading.Lock()
+_cache = VersionCache()
 
 
 def clear() -> None:
     """Forget every cached split (after writing a weight through ``.data``, say)."""
-    with _lock:
-        _entries.clear()
+    _cache.clear()
 
 
 def split_now(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -57,39 +40,5 @@ def split_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
     that stream too, so no event is needed: a later forward on another stream is ordered by the
     caller's own synchronization of the weight, as any read of it would be.
     """
-    if torch.compiler.is_compiling():
-        return split_now(weight)
-    version = _version(weight)
-    if version is None or torch.cuda.is_current_stream_capturing():
-        return split_now(weight)
-    key = id(weight)
-    with _lock:
-        entry = _entries.get(key)
-        if (
-            entry is not None
-            and entry.owner() is weight
-            and entry.data_ptr == weight.data_ptr()
-            and entry.version == version
-            and entry.shape == weight.shape
-        ):
-            return entry.weight_split, entry.weight_unscale
-    weight_split, weight_unscale = split_now(weight)
-    owner = weakref.ref(weight, lambda _, key=key: _evict(key))
-    with _lock:
-        _entries[key] = _Entry(owner, weight.data_ptr(), version, weight.shape, weight_split, weight_unscale)
-    return weight_split, weight_unscale
-
-
-def _version(weight: Tensor) -> int | None:
-    """The tensor's version counter, or None for an inference tensor (which has none: never cached)."""
-    try:
-        return weight._version
-    except RuntimeError:
-        return None
-
-
-def _evict(key: int) -> None:
-    with _lock:
-        entry = _entries.get(key)
-        if entry is not None and entry.owner() is None:
-            del _entries[key]
+    cached = _cache.get(weight, (weight,), weight.shape, lambda: split_now(weight))
+    return cached if cached is not None else split_now(weight)
