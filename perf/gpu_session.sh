@@ -23,6 +23,8 @@
 #   bench             perf/bench.py at the KernelBench shape, every provider
 #   bench-report      perf/bench.py with GEMMBN_BENCH_ARGS (default: --set kernelbench,tiny,sweep --max-minutes
 #                     5.5), then perf/report.py: bench.csv, bench.txt, bench.md (the README's table), bench.png
+#   profile-long-k    Nsight Compute on our bf16 GEMM (no statistics node) and cuBLAS's addmm at 4096x8192->2048
+#                     (multi-wave long K, where ours trails); other cases by GEMMBN_PROFILE_ARGS="--dtype D --size M K N"
 #   tune-epilogue     perf/tune_gemm.py, every row, heuristic order, TF32 and bf16, at 16384x512->8192,
 #                     65536x1024->1024 and 16384x4096->4096 (the statistics node's cost); other sizes by
 #                     GEMMBN_TUNE_SIZES="M K N;M K N;..."
@@ -103,7 +105,7 @@ for name in $steps; do
     cuda-facts)
       timeout $(limit 60) python3 perf/cuda_facts.py 2>&1 | tee "$out/cuda_facts.txt" ;;
     gpu-tests)
-      timeout $(limit 540) python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -25 ;;
+      timeout $(limit 540) python3 -m pytest -q -rs --durations=10 -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -25 ;;
     smoke)
       timeout $(limit 150) python3 -m pytest -x -q -rs tests/test_native_gpu.py -k "split or every_configuration_row" 2>&1 \
         | tee "$out/smoke.log" | tail -15 ;;
@@ -189,6 +191,17 @@ for name in $steps; do
       done
       timeout $(limit 60) python3 perf/tune_gemm.py --size 16384 512 8192 --dtypes bfloat16 --iters 10 \
         --out "$out/tune_short_k_orders.csv" 2>&1 | tee "$out/tune_short_k_orders.txt" | head -12 ;;
+    profile-long-k)
+      read -r -a profile_args <<< "${GEMMBN_PROFILE_ARGS:---dtype bfloat16 --size 4096 8192 2048}"
+      for variant in ours cublas; do
+        flag=$([[ $variant == cublas ]] && echo --cublas || echo --no-stats)
+        timeout $(limit 150) bash perf/ncu/profile.sh "$out/ncu-long-k-$variant" "${profile_args[@]}" $flag \
+          > "$out/ncu-long-k-$variant.log" 2>&1
+        rm -f "$out/ncu-long-k-$variant"/*.ncu-rep "$out/ncu-long-k-$variant"/finish.*
+        echo "-- $variant"
+        grep -hE "^  *(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Grid Size|Block Size|Dynamic Shared)" \
+          "$out/ncu-long-k-$variant"/*.details.txt | head -10
+      done ;;
     tune-epilogue)
       # The statistics node's cost where it shows (short K, small N) and at the KernelBench shape.
       IFS=';' read -r -a sizes <<< "${GEMMBN_TUNE_SIZES:-16384 512 8192;65536 1024 1024;16384 4096 4096}"

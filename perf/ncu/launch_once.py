@@ -1,12 +1,13 @@
 """Launch each native kernel once at a given size, for Nsight Compute to profile.
 
-    python perf/ncu/launch_once.py [--dtype float32|bfloat16|float16] [--split] [--size M K N] [--no-stats]
+    python perf/ncu/launch_once.py [--dtype float32|bfloat16|float16] [--split] [--size M K N] [--no-stats] [--cublas]
 
 The forward's launches run once as a warm-up (module loading, the shared-memory attribute), then once more inside
 cudaProfilerStart/Stop (perf/cuda_facts.py, cuda-python): with `ncu --profile-from-start off` (perf/ncu/profile.sh)
 the profile holds exactly that second forward's kernels.
 --split: the fp32-faithful split GEMM (float32 data; its weight split first, by its own kernel; the
 GEMM launch runs row_scales, then the GEMM: ncu's kernel filter picks the GEMM).
+--cublas: torch.addmm(b, x, W^T) instead (cuBLAS's GEMM + bias, the baseline our GEMM is compared with), same operands.
 """
 
 import argparse
@@ -27,6 +28,7 @@ parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"
 parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
 parser.add_argument("--no-stats", action="store_true", help="GEMM without the statistics node")
 parser.add_argument("--split", action="store_true", help="the fp32-faithful split GEMM (float32 only)")
+parser.add_argument("--cublas", action="store_true", help="cuBLAS's GEMM + bias (torch.addmm) on the same operands")
 args = parser.parse_args()
 if args.split and args.dtype != "float32":
     parser.error("--split takes float32 data")
@@ -49,6 +51,9 @@ if args.split:
 
 
 def forward():
+    if args.cublas:
+        torch.addmm(b, x, w.t())  # as bench.py's cublas provider (no out=: the bias epilogue path)
+        return
     C.gemm_scale_stats(x, w, y, b, s, None, None, *stats, None, **split)
     if not args.no_stats:
         C.finish_normalize(y, y, partials[0], partials[1], tile_m, gamma, beta, None, None, None, 0.1, 1e-5,
