@@ -1,7 +1,7 @@
-"""Host (CPU) time per training forward at a small shape, where the host, not the GPU, sets the pace.
+"""Host (CPU) time per training (or, with --eval, eval) forward at a small shape, where the host sets the pace.
 
     python perf/host_overhead.py [--size M K N] [--dtype float32|bfloat16] [--calls 2000] [--profile] [--launch]
-                                 [--mark]
+                                 [--mark] [--eval]
 
 For gemmbn, eager and torch.compile: wall time of `calls` forwards issued back to back with one
 synchronization at the end, divided by `calls`. While the GPU work per forward is shorter than the
@@ -19,6 +19,8 @@ enqueued) and the call's start and return are read on the same clock; medians ov
 GPU (synchronized: KernelBench's case, issue 17's ≤ 15 µs target) and over calls back to back. Beside them, the same
 clock around eager's whole call and around a bare torch.mm of the same operands (one dispatcher call and one cuBLAS
 launch): the floor this host sets for any library's first launch.
+--eval: every module in eval mode (running statistics; gemmbn's fold cached by eval_fold_cache), and --profile's
+native calls are the eval operators: eval_forward (fold inside), eval_affine and eval_forward_folded.
 """
 
 from __future__ import annotations
@@ -61,6 +63,24 @@ def print_profile(fn, calls: int, rows: int) -> None:
         fn()
     profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(rows)
+
+
+def eval_operator_calls(drop_in, x: torch.Tensor, calls: int) -> None:
+    """Host us per call of the eval operators: the one-call eval_forward, and the cached route's two halves."""
+    ops = _native.operators()
+    weight, bias, scale = drop_in.gemm.weight.detach(), drop_in.gemm.bias.detach(), drop_in.scale.detach()
+    gamma, beta = drop_in.bn.weight.detach(), drop_in.bn.bias.detach()
+    folded = (bias, scale, gamma, beta, drop_in.bn.running_mean, drop_in.bn.running_var, drop_in.bn.eps)
+    affine = ops.eval_affine(x, weight, *folded)
+    candidates = {
+        "eval_forward": lambda: ops.eval_forward(x, weight, *folded, None, None),
+        "eval_affine": lambda: ops.eval_affine(x, weight, *folded),
+        "eval_forward_folded": lambda: ops.eval_forward_folded(x, weight, affine, None, None),
+    }
+    print("  native calls alone:")
+    for label, fn in candidates.items():
+        host, device = per_call_us(fn, calls)
+        print(f"    {label:20s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
 
 
 def operator_calls(drop_in, x: torch.Tensor, calls: int) -> None:
@@ -178,11 +198,15 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--launch", action="store_true", help="host us from a call to its first kernel launch")
     parser.add_argument("--mark", action="store_true", help="gemmbn's host path split at its native marks")
+    parser.add_argument("--eval", action="store_true", help="the eval forward (modules in eval mode)")
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
     reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype)
-    print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} (TF32 for float32), training forward, "
+    if args.eval:  # the compiled reference is the same module: it recompiles for eval in its warm-up calls
+        reference.eval(), drop_in.eval()
+    mode = "eval" if args.eval else "training"
+    print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} (TF32 for float32), {mode} forward, "
           f"no_grad, {args.calls} calls back to back")
     with torch.no_grad():
         for name, fn in (("gemmbn", lambda: drop_in(x)), ("eager", lambda: reference(x)),
@@ -200,7 +224,7 @@ def main() -> None:
         if args.profile:
             print_profile(lambda: drop_in(x), args.calls, rows=15)
             torch.cuda.synchronize()
-            operator_calls(drop_in, x, args.calls)
+            (eval_operator_calls if args.eval else operator_calls)(drop_in, x, args.calls)
 
 
 if __name__ == "__main__":
