@@ -80,13 +80,14 @@ def test_split_workspace_sizes():
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
 def test_selection_follows_the_measured_rule(dtype, split):
     # select_config (gemm_dispatch.cpp; sweeps quoted in configs.h): small problems by their count of
-    # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 1024, the
+    # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 512, the
     # row that makes the most of one wave: 128x96 (row 5) where that grid fills more than half a wave without passing
-    # it and its 2x1 cluster pads nothing (past 64 tiles only where N is a multiple of 96 or K < 4096), else 64x128
-    # (row 2) up to 64 tiles, else 128x128 (row 4); larger ones ping-pong 128x128 with
+    # it and its 2x1 cluster pads nothing (past 64 tiles only where N is a multiple of 96 or K < 4096), else up to 64
+    # tiles 64x128 (row 2; TF32 with K > 4096 its stream-K row 6), else 128x128 (row 4); larger ones ping-pong 128x128 with
     # a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048 where the
     # 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the 1x2-cluster row for M <= 2048; short
-    # K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit K <= 1024 up to 8);
+    # K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit K <= 1024 up to 8); row 1
+    # past a wave wherever N <= 1024, K > 4096 and its tiles along N pad nothing;
     # where row 4's cluster pads and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split: 128x128
     # without a cluster, its stream-K row (row 1) under a wave of tiles with K > 1024.
     rows = debug.gemm_configs(dtype, split)
@@ -119,6 +120,13 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (256, 16384, 4096): (5, 5),
         (256, 4096, 3072): (2, 2),  # 64 of 128x96: half a wave
         (384, 4096, 2048): (2, 2),  # 3 tiles along M: the 2x1 cluster would pad
+        (384, 8192, 2048): (6, 2),  # the same at K > 4096: TF32's stream-K row
+        (128, 8192, 8192): (6, 2),  # 64 tiles, one along M
+        (128, 4096, 8192): (2, 2),  # the same at K = 4096
+        (1024, 512, 1536): (5, 5),  # K = 512 under a wave: the one-wave rows too
+        (1536, 512, 1024): (5, 5),
+        (1024, 512, 2048): (4, 4),  # 128 tiles, 176 of 128x96: past a wave
+        (1024, 256, 1536): (2, 2),  # K < 512: 64x128 tiles
         (1024, 1024, 1536): (5, 5),  # 96 tiles, K = 1024: 128 of 128x96
         (1024, 2048, 1536): (5, 5),
         (1536, 2048, 1024): (5, 5),  # N no multiple of 96, but K < 4096
@@ -138,6 +146,12 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (4096, 2048, 512): (4, 4),  # 128 tiles at K = 2048
         (4096, 1024, 1024): (2, 2),  # 256 tiles, short K
         (4096, 1025, 1024): (0, 0),  # the same, K past short
+        (16384, 8192, 512): (1, 1),  # N <= 1024 with K > 4096: x read half as often (TF32 128x256, 16-bit c1x2)
+        (8192, 8192, 1024): (1, 1),
+        (8192, 4096, 1024): (0, 0),  # K = 4096: measured at 8192 only
+        (16384, 8192, 640): (0, 0),  # 5 tiles along N: row 1's would pad
+        (16384, 8192, 1280): (0, 0),  # N past 1024
+        (16384, 2048, 512): (0, 0),  # K under 4096
         (4352, 1024, 1024): (0, 2),  # 272 tiles: past two waves; 16-bit up to 8 waves at K <= 1024
         (16384, 1024, 1024): (0, 2),  # 1024 tiles
         (4096, 1024, 4096): (0, 2),
@@ -214,7 +228,8 @@ def test_statistics_source_override(monkeypatch):
 
 def test_statistics_source_rule(monkeypatch):
     """gemm_dispatch.cpp's rule: finish_normalize's pass over y for K <= 1024 past two waves (264) of 128x128 tiles,
-    never for the split GEMM; the epilogue elsewhere (perf/NOTES.md v17 has the measurements)."""
+    and in 16-bit for K <= 2048 past eight waves (1056), never for the split GEMM; the epilogue elsewhere (perf/NOTES.md
+    v17 and v22 have the measurements)."""
     monkeypatch.delenv("GEMMBN_STATISTICS_SOURCE", raising=False)
     from_y = {  # (M, K, N) -> the y pass?  (tiles)
         (16384, 512, 8192): True,  # 8192
@@ -225,12 +240,19 @@ def test_statistics_source_rule(monkeypatch):
         (4096, 1024, 1024): False,  # 256: 1.07-1.12x slower with the y pass
         (4224, 1024, 1024): False,  # 33 x 8 = 264 tiles: two waves, not past them
         (4352, 1024, 1024): True,  # 34 x 8 = 272
-        (16384, 2048, 1024): False,  # K past 1024
+        (16384, 2048, 1024): False,  # K past 1024; 1024 tiles (16-bit: not past eight waves)
+        (16896, 2048, 1024): False,  # 1056 tiles: eight waves, not past them
+        (17024, 2048, 1024): (False, True),  # 1064 tiles: 16-bit takes the y pass up to K = 2048 (TF32 does not)
+        (4096, 2048, 8192): (False, True),  # 2048 tiles: bf16 0.253 vs 0.264 ms, TF32 0.488 vs 0.465
+        (16384, 2048, 8192): (False, True),
+        (16384, 2049, 8192): False,
         (16384, 4096, 4096): False,
     }
     for (M, K, N), expected in from_y.items():
+        tf32_expected, half_expected = expected if isinstance(expected, tuple) else (expected, expected)
         for dtype in ("float32", "bfloat16", "float16"):
-            assert debug.train_statistics_from_y(dtype, M, N, K) == expected, (dtype, M, K, N)
+            want = tf32_expected if dtype == "float32" else half_expected
+            assert debug.train_statistics_from_y(dtype, M, N, K) == want, (dtype, M, K, N)
         assert not debug.train_statistics_from_y("float32", M, N, K, split=True), (M, K, N)
 
 

@@ -37,15 +37,16 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19-v21). Small problems
 // first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's
 // fixed cost exposed): 64x64 tiles up to 32 such tiles, and up to 64 when K <= 1024. Past that, under a wave of
-// tiles with K >= 1024, the most of one wave: cooperative 128x96 tiles on a 2x1 cluster where they fill more than half
+// tiles with K >= 512, the most of one wave: cooperative 128x96 tiles on a 2x1 cluster where they fill more than half
 // a wave without passing it and the cluster pads nothing (both math warpgroups on a tile, where a ping-pong row with
 // one tile per SM leaves one idle: bf16 256x4096->4096 0.033 -> 0.030 ms, 1024x2048->1536 0.037 -> 0.019,
-// 1024x65536->1024 0.529 -> 0.270), else the 64x128 row up to 64 tiles; over 64 tiles, where N is no
+// 1024x65536->1024 0.529 -> 0.270), else up to 64 tiles the 64x128 row (TF32 with K > 4096: its stream-K row, v22);
+// over 64 tiles, where N is no
 // multiple of 96 and K >= 4096 the partial last column of 128x96 tiles lost (bf16 1536x8192->1024 0.054 vs 0.051), the
 // cooperative 128x128 row where its cluster pads nothing, TF32's stream-K 128x128 row where it does and K > 4096 (v20);
 // 64x128 tiles under one wave otherwise in TF32, and up to two waves when K <= 1024; past that with K <= 512 (TF32:
-// up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. Larger problems take the ping-pong
-// 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative 128x256 row
+// up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. N <= 1024 with K > 4096 takes
+// row 1 (x read once per 256 columns, v22). Larger problems take the ping-pong 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative 128x256 row
 // where the 2x1 cluster would pad a tile (an odd number of 128-row tiles), else row 0 too (no cliff since the
 // launch's swizzle pads no tile: 1536x4096->4096 0.145 vs 0.190 ms, v19).
 // The split GEMM has one tile shape: fewer tiles than a wave with K past kShortK take its stream-K row.
@@ -53,18 +54,18 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
   constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
-  constexpr int kLongK = 4096, kShorterK = 512, kSplitStreamK = 1;
+  constexpr int kLongK = 4096, kShorterK = 512, kNarrowN = 1024, kSplitStreamK = 1;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int64_t tiles = tiles_128(M, N);
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
   if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
   if (tiles <= 32 || (tiles <= 64 && short_k)) return kSmall;
-  if (tiles < kWave && K >= kShortK) {
+  if (tiles < kWave && K >= kShorterK) {
     const TileConfig& narrow = config_at(operands, kOneWave96);
     const int64_t narrow_tiles = grid_tiles(narrow, M, N, 1);
     // 128x96 tiles filling more than half of one wave; a partial last column of them lost to row 4 at K >= 4096.
     const bool narrow_wave = 2 * narrow_tiles > kWave && narrow_tiles <= kWave && !pads(kOneWave96);
-    if (tiles <= 64) return narrow_wave ? kOneWave96 : kNarrow;
+    if (tiles <= 64) return narrow_wave ? kOneWave96 : tf32 && K > kLongK ? kStreamK : kNarrow;
     if (narrow_wave && (N % narrow.tile_n == 0 || K < kLongK)) return kOneWave96;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
@@ -75,6 +76,10 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   // stay faster (bf16 16384x512->8192 eval 0.248 ms on row 0, 0.335 on row 2).
   if (statistics && K <= kShorterK && (!tf32 || tiles <= 16 * kWave)) return kNarrow;
   if (statistics && !tf32 && short_k && tiles <= 8 * kWave) return kNarrow;
+  // N <= 1024 with K > 4096: x, the large operand, is read once per N tile; row 1 halves that (TF32 256-wide tiles,
+  // 16-bit x multicast to a 1x2 cluster) where its tiles along N pad nothing (v22: 16384x8192->512 TF32 0.389 ->
+  // 0.365 ms, bf16 0.201 -> 0.193).
+  if (K > kLongK && N <= kNarrowN && ((N + 127) / 128) % 2 == 0) return kShortMRow;
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : kWide;
   return M <= kShortM ? kShortMRow : kWide;
 }
@@ -82,13 +87,17 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
 // Where the training statistics come from. The epilogue's per-tile reductions cost short-K problems two to three
 // times what one more read of y does (perf/NOTES.md v11): K <= 1024 past two waves of 128x128 tiles takes
 // finish_normalize's pass over y (TF32 0.91-0.995x, 16-bit 0.80-0.88x the epilogue's forward at the sweep's five
-// such shapes; 1.07-1.12x at 4096x1024->1024, 256 tiles: v17), never the split GEMM (its mainloop dwarfs the
+// such shapes; 1.07-1.12x at 4096x1024->1024, 256 tiles: v17), and in 16-bit K <= 2048 past eight waves (bf16
+// 0.96-0.97x at 2048 and 8192 tiles; TF32 1.05-1.06x, so not there: v22); never the split GEMM (its mainloop dwarfs the
 // epilogue). GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
     return forced[0] == 'y';
   }
-  return operands != GemmOperands::f32_split && K <= kShortK && tiles_128(M, N) > 2 * kWave;
+  const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
+  const int64_t tiles = tiles_128(M, N);
+  return operands != GemmOperands::f32_split &&
+         ((K <= kShortK && tiles > 2 * kWave) || (half && K <= 2 * kShortK && tiles > 8 * kWave));
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }

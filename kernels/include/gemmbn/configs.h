@@ -41,10 +41,11 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 // - ping-pong 128x128 tiles beat 64x256 ones: a third less L2 -> shared-memory traffic per flop (cycles,
 //   and energy under the power limit);
 // - at M <= 2048 16-bit takes the c1x2 row, and TF32 the cooperative 128x256 one where the 2x1 cluster pads a
-//   tile (the clustered rows' old "cliffs" were padded tiles: unpadded_swizzle below);
+//   tile (the clustered rows' old "cliffs" were padded tiles: unpadded_swizzle below); both also at any M where
+//   N <= 1024 and K > 4096 (x read once per 256 columns instead of 128: perf/NOTES.md v22);
 // - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
 //   64x128 row in 16-bit;
-// - under a wave of tiles with K >= 1024, one data-parallel wave of cooperative tiles (both math warpgroups on a CTA's
+// - under a wave of tiles with K >= 512, one data-parallel wave of cooperative tiles (both math warpgroups on a CTA's
 //   one tile; ping-pong leaves one idle there) on a 2x1 cluster where it pads nothing: 128x96 ones where they fill
 //   more than half a wave (more SMs busy, each with 3/4 of a 128x128 tile's work), else 128x128 past 64 tiles; TF32's
 //   stream-K row where the cluster would pad (rows 4-6: perf/NOTES.md v20, v21; the 128x256 stream-K rows and 16-bit's
