@@ -1,7 +1,7 @@
 """Tuning sweep of the fused GEMM: every row of the configuration tables x tile orders, one process.
 
     python perf/tune_gemm.py [--size M K N ...] [--set NAME] [--dtypes float32,bfloat16,float16,split] [--rasters 0,1,2]
-                             [--swizzles 1,2,4,8] [--splits 1,2,4] [--iters 20] [--out CSV]
+                             [--swizzles 1,2,4,8] [--splits 1,2,4] [--rows 0,1] [--iters 20] [--out CSV]
 
 For each (operand type, row of kernels/include/gemmbn/configs.h, raster, swizzle): the median time of
 one gemm_scale_stats launch with the statistics epilogue (what a training forward runs), L2 flushed
@@ -11,7 +11,7 @@ of a dtype are timed interleaved (round i times each once), so clock drift under
 heuristic, 1 along M, 2 along N; swizzle: the persistent scheduler's max swizzle size (0: the one a launch that names
 none gets, configs.h unpadded_swizzle, written "rule:<size>"); splits (stream-K
 rows only): 1 CUTLASS's data-parallel waves plus stream-K remainder, n > 1 plain split-K (a call that names no
-split gets select_splits's choice, configs.h). The fastest
+split gets select_splits's choice, configs.h); rows: the table rows to time (default: every row). The fastest
 line per dtype is the candidate for select_config (kernels/src/gemm_dispatch.cpp) at this shape.
 """
 
@@ -37,7 +37,7 @@ OPERANDS = {"float32": (torch.float32, False), "bfloat16": (torch.bfloat16, Fals
             "float16": (torch.float16, False), "split": (torch.float32, True)}  # fmt: skip
 
 
-def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, timer: Timer) -> list[dict]:
+def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, timer: Timer, table_rows=None) -> list[dict]:
     C = debug
     dtype, split = OPERANDS[name]
     dtype_name = str(dtype).removeprefix("torch.")
@@ -53,6 +53,8 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
         split_args = debug.split_gemm_arguments(w, M)
     candidates = []  # (row dict, fn)
     for index, config in enumerate(C.gemm_configs(dtype_name, split)):
+        if table_rows is not None and index not in table_rows:
+            continue
         tile_m, _ = C.gemm_config(dtype_name, M, N, K, index, split)
         partials = torch.empty(2, -(-M // tile_m), N, device="cuda")
         shape = f"{config['tile_m']}x{config['tile_n']}x{config['tile_k']} c{config['cluster_m']}x{config['cluster_n']}"
@@ -103,6 +105,7 @@ def main() -> None:
     parser.add_argument("--rasters", default="0,1,2")
     parser.add_argument("--swizzles", default="1,2,4,8", help="0: the launch's rule")
     parser.add_argument("--splits", default="1", help="stream-K rows: 1 (stream-K) and/or split-K factors")
+    parser.add_argument("--rows", help="table rows to time, comma-separated (default: every row)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", help="CSV of every line")
     args = parser.parse_args()
@@ -113,10 +116,11 @@ def main() -> None:
     rasters = [int(v) for v in args.rasters.split(",")]
     swizzles = [int(v) for v in args.swizzles.split(",")]
     split_counts = [int(v) for v in args.splits.split(",")]
+    table_rows = None if args.rows is None else {int(v) for v in args.rows.split(",")}
     timer = Timer(torch.device("cuda"), args.iters, warmup=3)
     rows = []
     for (M, K, N), name in ((size, name) for size in sizes for name in args.dtypes.split(",")):
-        found = [{"M": M, "K": K, "N": N, **r} for r in sweep(M, K, N, name, rasters, swizzles, split_counts, timer)]
+        found = [{"M": M, "K": K, "N": N, **r} for r in sweep(M, K, N, name, rasters, swizzles, split_counts, timer, table_rows)]
         rows += found
         cublas = min(r["median_ms"] for r in found if r["provider"].startswith("cublas"))
         print(f"\n{torch.cuda.get_device_name()}  {M}x{K}->{N} {name}: median of {args.iters}, L2 flushed, ms, "
