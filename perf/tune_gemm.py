@@ -37,7 +37,8 @@ OPERANDS = {"float32": (torch.float32, False), "bfloat16": (torch.bfloat16, Fals
             "float16": (torch.float16, False), "split": (torch.float32, True)}  # fmt: skip
 
 
-def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, timer: Timer, table_rows=None) -> list[dict]:
+def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, timer: Timer,
+          table_rows=None) -> list[dict]:
     C = debug
     dtype, split = OPERANDS[name]
     dtype_name = str(dtype).removeprefix("torch.")
@@ -120,7 +121,8 @@ def main() -> None:
     timer = Timer(torch.device("cuda"), args.iters, warmup=3)
     rows = []
     for (M, K, N), name in ((size, name) for size in sizes for name in args.dtypes.split(",")):
-        found = [{"M": M, "K": K, "N": N, **r} for r in sweep(M, K, N, name, rasters, swizzles, split_counts, timer, table_rows)]
+        found = [{"M": M, "K": K, "N": N, **r}
+                 for r in sweep(M, K, N, name, rasters, swizzles, split_counts, timer, table_rows)]
         rows += found
         cublas = min(r["median_ms"] for r in found if r["provider"].startswith("cublas"))
         print(f"\n{torch.cuda.get_device_name()}  {M}x{K}->{N} {name}: median of {args.iters}, L2 flushed, ms, "
