@@ -24,7 +24,8 @@
 #   bench-report      perf/bench.py with GEMMBN_BENCH_ARGS (default: --set kernelbench,tiny,sweep --max-minutes
 #                     5.5), then perf/report.py: bench.csv, bench.txt, bench.md (the README's table), bench.png
 #   profile-long-k    Nsight Compute on our bf16 GEMM (no statistics node) and cuBLAS's addmm at 4096x8192->2048
-#                     (multi-wave long K, where ours trails); other cases by GEMMBN_PROFILE_ARGS="--dtype D --size M K N"
+#                     (multi-wave long K, where ours trails); other cases by
+#                     GEMMBN_PROFILE_ARGS="--dtype D --size M K N"
 #   tune-epilogue     perf/tune_gemm.py, every row, heuristic order, TF32 and bf16, at 16384x512->8192,
 #                     65536x1024->1024 and 16384x4096->4096 (the statistics node's cost); other sizes by
 #                     GEMMBN_TUNE_SIZES="M K N;M K N;..."
@@ -199,8 +200,8 @@ for name in $steps; do
           > "$out/ncu-long-k-$variant.log" 2>&1
         rm -f "$out/ncu-long-k-$variant"/*.ncu-rep "$out/ncu-long-k-$variant"/finish.*
         echo "-- $variant"
-        grep -hE "^  *(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Grid Size|Block Size|Dynamic Shared)" \
-          "$out/ncu-long-k-$variant"/*.details.txt | head -10
+        headline="Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Grid Size|Block Size"
+        grep -hE "^  *($headline|Dynamic Shared)" "$out/ncu-long-k-$variant"/*.details.txt | head -10
       done ;;
     tune-epilogue)
       # The statistics node's cost where it shows (short K, small N) and at the KernelBench shape.

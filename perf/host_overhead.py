@@ -65,30 +65,38 @@ def print_profile(fn, calls: int, rows: int) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(rows)
 
 
-def eval_operator_calls(drop_in, x: torch.Tensor, calls: int) -> None:
-    """Host us per call of the eval operators: the one-call eval_forward, and the cached route's two halves."""
-    ops = _native.operators()
-    weight, bias, scale = drop_in.gemm.weight.detach(), drop_in.gemm.bias.detach(), drop_in.scale.detach()
-    gamma, beta = drop_in.bn.weight.detach(), drop_in.bn.bias.detach()
-    folded = (bias, scale, gamma, beta, drop_in.bn.running_mean, drop_in.bn.running_var, drop_in.bn.eps)
-    affine = ops.eval_affine(x, weight, *folded)
-    candidates = {
-        "eval_forward": lambda: ops.eval_forward(x, weight, *folded, None, None),
-        "eval_affine": lambda: ops.eval_affine(x, weight, *folded),
-        "eval_forward_folded": lambda: ops.eval_forward_folded(x, weight, affine, None, None),
-    }
+def module_parameters(drop_in) -> tuple[torch.Tensor, ...]:
+    """(weight, bias, scale, gamma, beta) of the drop-in module, detached (the operators take plain tensors)."""
+    return (drop_in.gemm.weight.detach(), drop_in.gemm.bias.detach(), drop_in.scale.detach(),
+            drop_in.bn.weight.detach(), drop_in.bn.bias.detach())  # fmt: skip
+
+
+def print_native_calls(candidates: dict, calls: int, width: int) -> None:
+    """Host and GPU us per call of each labelled native call, back to back."""
     print("  native calls alone:")
     for label, fn in candidates.items():
         host, device = per_call_us(fn, calls)
-        print(f"    {label:20s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
+        print(f"    {label:{width}s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
+
+
+def eval_operator_calls(drop_in, x: torch.Tensor, calls: int) -> None:
+    """Host us per call of the eval operators: the one-call eval_forward, and the cached route's two halves."""
+    ops = _native.operators()
+    weight, bias, scale, gamma, beta = module_parameters(drop_in)
+    folded = (bias, scale, gamma, beta, drop_in.bn.running_mean, drop_in.bn.running_var, drop_in.bn.eps)
+    affine = ops.eval_affine(x, weight, *folded)
+    print_native_calls({
+        "eval_forward": lambda: ops.eval_forward(x, weight, *folded, None, None),
+        "eval_affine": lambda: ops.eval_affine(x, weight, *folded),
+        "eval_forward_folded": lambda: ops.eval_forward_folded(x, weight, affine, None, None),
+    }, calls, width=20)
 
 
 def operator_calls(drop_in, x: torch.Tensor, calls: int) -> None:
     """Host us per call of the training forward's operator alone, and of the two single-kernel calls that do its
     launches into buffers allocated beforehand."""
     ops = _native.operators()
-    weight, bias, scale = drop_in.gemm.weight.detach(), drop_in.gemm.bias.detach(), drop_in.scale.detach()
-    gamma, beta = drop_in.bn.weight.detach(), drop_in.bn.bias.detach()
+    weight, bias, scale, gamma, beta = module_parameters(drop_in)
     (M, K), N = x.shape, weight.shape[0]
     name = str(x.dtype).removeprefix("torch.")
     tile_rows, _ = debug.gemm_config(name, M, N, K)
@@ -105,10 +113,7 @@ def operator_calls(drop_in, x: torch.Tensor, calls: int) -> None:
         "finish_normalize": lambda: debug.finish_normalize(y, y, partial_means, partial_m2s, tile_rows, gamma, beta,
                                                            None, None, None, 0.1, 1e-5, save_mean, save_invstd),
     }
-    print("  native calls alone:")
-    for label, fn in candidates.items():
-        host, device = per_call_us(fn, calls)
-        print(f"    {label:18s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
+    print_native_calls(candidates, calls, width=18)
 
 
 _CALL_MARK = "host_overhead.call"

@@ -41,13 +41,13 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // a wave without passing it and the cluster pads nothing (both math warpgroups on a tile, where a ping-pong row with
 // one tile per SM leaves one idle: bf16 256x4096->4096 0.033 -> 0.030 ms, 1024x2048->1536 0.037 -> 0.019,
 // 1024x65536->1024 0.529 -> 0.270), else up to 64 tiles the 64x128 row (TF32 with K > 4096: its stream-K row, v22);
-// over 64 tiles, where N is no
-// multiple of 96 and K >= 4096 the partial last column of 128x96 tiles lost (bf16 1536x8192->1024 0.054 vs 0.051), the
-// cooperative 128x128 row where its cluster pads nothing, TF32's stream-K 128x128 row where it does and K > 4096 (v20);
-// 64x128 tiles under one wave otherwise in TF32, and up to two waves when K <= 1024; past that with K <= 512 (TF32:
-// up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128 tiles too. N <= 1024 with K > 4096 takes
-// row 1 (x read once per 256 columns, v22). Larger problems take the ping-pong 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative 128x256 row
-// where the 2x1 cluster would pad a tile (an odd number of 128-row tiles), else row 0 too (no cliff since the
+// over 64 tiles, where N is no multiple of 96 and K >= 4096 the partial last column of 128x96 tiles lost (bf16
+// 1536x8192->1024 0.054 vs 0.051), the cooperative 128x128 row where its cluster pads nothing, TF32's stream-K 128x128
+// row where it does and K > 4096 (v20); 64x128 tiles under one wave otherwise in TF32, and up to two waves when
+// K <= 1024; past that with K <= 512 (TF32: up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128
+// tiles too. N <= 1024 with K > 4096 takes row 1 (x read once per 256 columns, v22). Larger problems take the
+// ping-pong 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative 128x256
+// row where the 2x1 cluster would pad a tile (an odd number of 128-row tiles), else row 0 too (no cliff since the
 // launch's swizzle pads no tile: 1536x4096->4096 0.145 vs 0.190 ms, v19).
 // The split GEMM has one tile shape: fewer tiles than a wave with K past kShortK take its stream-K row.
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {

@@ -16,7 +16,8 @@ if [[ " $* " == *" --cublas "* ]]; then
   ncu "${common[@]}" -o "$out/cublas" -f python3 "$here/launch_once.py" "$@" > "$out/cublas.ncu.log" 2>&1
 else
   reports=(gemm finish)
-  ncu "${common[@]}" -k regex:device_kernel -o "$out/gemm" -f python3 "$here/launch_once.py" "$@" > "$out/gemm.ncu.log" 2>&1
+  ncu "${common[@]}" -k regex:device_kernel -o "$out/gemm" -f python3 "$here/launch_once.py" "$@" \
+    > "$out/gemm.ncu.log" 2>&1
   ncu "${common[@]}" -k regex:finish_normalize -o "$out/finish" -f python3 "$here/launch_once.py" "$@" \
     > "$out/finish.ncu.log" 2>&1
 fi
