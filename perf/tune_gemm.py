@@ -1,10 +1,11 @@
 """Tuning sweep of the fused GEMM: every row of the configuration tables x tile orders, one process.
 
     python perf/tune_gemm.py [--size M K N ...] [--set NAME] [--dtypes float32,bfloat16,float16,split] [--rasters 0,1,2]
-                             [--swizzles 1,2,4,8] [--splits 1,2,4] [--rows 0,1] [--iters 20] [--out CSV]
+                             [--swizzles 1,2,4,8] [--splits 1,2,4] [--rows 0,1] [--no-stats] [--iters 20] [--out CSV]
 
 For each (operand type, row of kernels/include/gemmbn/configs.h, raster, swizzle): the median time of
-one gemm_scale_stats launch with the statistics epilogue (what a training forward runs), L2 flushed
+one gemm_scale_stats launch with the statistics epilogue (what a training forward with the epilogue's statistics runs;
+--no-stats: without the node, as the eval forward and a training forward with its statistics from y run), L2 flushed
 before every call as perf/bench.py does, next to cuBLAS `mm` and `addmm` in the same precision
 (float32: TF32; split, the fp32-faithful GEMM on float32 data: IEEE SGEMM). All candidates
 of a dtype are timed interleaved (round i times each once), so clock drift under load is shared. raster: 0 CUTLASS
@@ -38,7 +39,7 @@ OPERANDS = {"float32": (torch.float32, False), "bfloat16": (torch.bfloat16, Fals
 
 
 def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, timer: Timer,
-          table_rows=None) -> list[dict]:
+          table_rows=None, with_node: bool = True) -> list[dict]:
     C = debug
     dtype, split = OPERANDS[name]
     dtype_name = str(dtype).removeprefix("torch.")
@@ -66,16 +67,16 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
                 for swizzle in swizzles:
                     # Allocated once per candidate, untimed (the module allocates from PyTorch's cache per call).
                     workspace = gemm_workspace(x, N, K, config=index, split=split, splits=splits, raster=raster,
-                                               swizzle=swizzle)  # fmt: skip
+                                               swizzle=swizzle, statistics=with_node)  # fmt: skip
                     label = swizzle if swizzle > 0 else \
-                        f"rule:{debug.gemm_launch_config(dtype_name, M, N, K, index, split)['swizzle']}"  # fmt: skip
+                        f"rule:{debug.gemm_launch_config(dtype_name, M, N, K, index, split, with_node)['swizzle']}"
                     def launch(index=index, raster=raster, swizzle=swizzle, partials=partials, splits=splits,
                                workspace=workspace):
-                        C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None,
+                        C.gemm_scale_stats(x, w, y, b, s, None, None, *(partials if with_node else (None, None)), None,
                                            config=index, raster=raster, swizzle=swizzle, splits=splits,
                                            workspace=workspace, **split_args)
-                    candidates.append(({"dtype": name, "provider": "gemmbn", "row": index, "config": shape,
-                                        "raster": raster, "swizzle": label, "splits": splits}, launch))
+                    candidates.append(({"dtype": name, "provider": "gemmbn", "statistics": int(with_node), "row": index,
+                                        "config": shape, "raster": raster, "swizzle": label, "splits": splits}, launch))
     def with_tf32(fn):  # float32 -> TF32 cuBLAS as the TF32 kernel, IEEE for split; bf16/fp16 unaffected
         def call():
             previous = torch.backends.cuda.matmul.allow_tf32
@@ -86,8 +87,8 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
                 torch.backends.cuda.matmul.allow_tf32 = previous
         return call
     for provider, fn in (("cublas mm", lambda: torch.mm(x, w.t())), ("cublas addmm", lambda: torch.addmm(b, x, w.t()))):
-        candidates.append(({"dtype": name, "provider": provider, "row": "", "config": "", "raster": "",
-                            "swizzle": "", "splits": ""}, with_tf32(fn)))
+        candidates.append(({"dtype": name, "provider": provider, "statistics": "", "row": "", "config": "",
+                            "raster": "", "swizzle": "", "splits": ""}, with_tf32(fn)))
     # Interleaved rounds: clock drift under sustained load falls on every candidate alike.
     times = timer.interleaved([fn for _, fn in candidates])
     rows = []
@@ -107,6 +108,7 @@ def main() -> None:
     parser.add_argument("--swizzles", default="1,2,4,8", help="0: the launch's rule")
     parser.add_argument("--splits", default="1", help="stream-K rows: 1 (stream-K) and/or split-K factors")
     parser.add_argument("--rows", help="table rows to time, comma-separated (default: every row)")
+    parser.add_argument("--no-stats", action="store_true", help="the GEMM without its statistics node")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", help="CSV of every line")
     args = parser.parse_args()
@@ -122,10 +124,12 @@ def main() -> None:
     rows = []
     for (M, K, N), name in ((size, name) for size in sizes for name in args.dtypes.split(",")):
         found = [{"M": M, "K": K, "N": N, **r}
-                 for r in sweep(M, K, N, name, rasters, swizzles, split_counts, timer, table_rows)]
+                 for r in sweep(M, K, N, name, rasters, swizzles, split_counts, timer, table_rows,
+                                             not args.no_stats)]
         rows += found
         cublas = min(r["median_ms"] for r in found if r["provider"].startswith("cublas"))
-        print(f"\n{torch.cuda.get_device_name()}  {M}x{K}->{N} {name}: median of {args.iters}, L2 flushed, ms, "
+        node = "without the statistics node" if args.no_stats else "with the statistics node"
+        print(f"\n{torch.cuda.get_device_name()}  {M}x{K}->{N} {name} {node}: median of {args.iters}, L2 flushed, ms, "
               "fastest first (ratio to the faster cuBLAS call)")
         for r in sorted(found, key=lambda r: r["median_ms"]):
             label = r["provider"]
