@@ -11,7 +11,7 @@ eager and torch.compile).
 
 Not measured: the operator call itself (the dispatcher, its argument checks, allocations through the caching
 allocator, the current-stream query and the launches). Each timed forward must reach the stubbed
-train_forward/eval_forward exactly once, or the script stops: a fallback to the reference would time the wrong
+train_forward/eval_forward_folded exactly once, or the script stops: a fallback to the reference would time the wrong
 path. The backward rows (a training step's forward and backward through autograd, and the backward alone) stub
 the kernel call and the two gradient GEMMs (backward._matmul returns an empty result: the GEMMs' own dispatch
 costs as much as eager's), and each must reach the stubbed batch_norm_backward once.
@@ -26,7 +26,7 @@ import types
 from collections.abc import Callable
 
 import torch
-from gemmbn import GemmScaleBatchNorm, backward, functional, fused, ops
+from gemmbn import GemmScaleBatchNorm, backward, eval_fold_cache, functional, fused, ops
 from host_overhead import print_profile
 
 
@@ -35,9 +35,9 @@ class StubOperators(types.SimpleNamespace):
     the right shapes, allocated once (in the real operators C++ allocates them: not timed here)."""
 
     def __init__(self, M: int, N: int, dtype: torch.dtype) -> None:
-        super().__init__(calls={"train_forward": 0, "eval_forward": 0, "batch_norm_backward": 0})
+        super().__init__(calls={"train_forward": 0, "eval_forward_folded": 0, "batch_norm_backward": 0})
         self.mn, self.n = torch.empty(M, N, dtype=dtype), torch.empty(N, dtype=dtype)
-        self.stats = torch.empty(N)
+        self.stats, self.affine = torch.empty(N), torch.empty(2, N)
         # batch_norm_backward's dz^T and dz's row and column maxima (float32 "highest" asks for them)
         self.transposed = torch.empty(N, -(-M // 4) * 4), torch.empty(M, dtype=torch.int32), torch.empty(N, dtype=torch.int32)
 
@@ -45,8 +45,11 @@ class StubOperators(types.SimpleNamespace):
         self.calls["train_forward"] += 1
         return self.mn, self.mn, self.stats, self.stats
 
-    def eval_forward(self, *args) -> torch.Tensor:
-        self.calls["eval_forward"] += 1
+    def eval_affine(self, *args) -> torch.Tensor:  # the eval fold, cached by eval_fold_cache: not counted
+        return self.affine
+
+    def eval_forward_folded(self, *args) -> torch.Tensor:
+        self.calls["eval_forward_folded"] += 1
         return self.mn
 
     def batch_norm_backward(self, *args) -> tuple[torch.Tensor, ...]:
@@ -57,7 +60,9 @@ class StubOperators(types.SimpleNamespace):
 def install_stub(M: int, N: int, dtype: torch.dtype) -> StubOperators:
     """Route the fused path to a StubOperators with CPU tensors (this process only)."""
     stub = StubOperators(M, N, dtype)
-    fused.operator = lambda name: getattr(stub, name)
+    fused.operator = eval_fold_cache.operator = lambda name: getattr(stub, name)
+    # The fold cache asks whether the current CUDA stream is capturing a graph; a CPU build of torch cannot answer.
+    torch.cuda.is_current_stream_capturing = lambda: False
     ops.fused_unavailable_reason = backward.fused_unavailable_reason = lambda x: None
     backward._matmul = lambda route, a, b: a.new_empty((a.shape[0], b.shape[1]))  # the GEMM itself: eager's cost
     return stub
@@ -82,7 +87,7 @@ def main() -> None:
     parser.add_argument("--size", nargs=3, type=int, default=(128, 1024, 512), metavar=("M", "K", "N"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--calls", type=int, default=20000)
-    parser.add_argument("--profile", action="store_true", help="add cProfile's table of the training forward")
+    parser.add_argument("--profile", action="store_true", help="add cProfile's tables of the training and eval forwards")
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
@@ -97,7 +102,7 @@ def main() -> None:
     gamma, beta, rm, rv, nbt = bn.weight.detach(), bn.bias.detach(), bn.running_mean, bn.running_var, bn.num_batches_tracked
     rows = {
         "module forward, train": ("train_forward", lambda: module(x)),
-        "module forward, eval": ("eval_forward", lambda: evaluating(x)),
+        "module forward, eval": ("eval_forward_folded", lambda: evaluating(x)),
         "functional, train": ("train_forward", lambda: functional.linear_scale_batch_norm(
             x, weight, bias, scale, gamma, beta, rm, rv, nbt, True, 0.1, 1e-5)),
         "ops._train_impl": ("train_forward", lambda: ops._train_impl(
@@ -128,6 +133,7 @@ def main() -> None:
             _time_row(label, fn, stub, {entry: 1} if entry else None, args.calls)
         if args.profile:
             print_profile(lambda: module(x), args.calls, rows=20)
+            print_profile(lambda: evaluating(x), args.calls, rows=20)
     calls = max(args.calls // 10, 100)  # a backward takes ~10 forwards' time
     for label, (entries, fn) in grad_rows.items():
         _time_row(label, fn, stub, entries, calls)
