@@ -25,6 +25,14 @@ std::atomic<int64_t> host_marks[kHostMarks] = {};  // host_mark_ns's values
 constexpr int kWave = 132, kShortK = 1024;
 int64_t tiles_128(int M, int N) { return ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128); }
 
+// Whether a row's tile grid spans more 128-column blocks along N than the output has: a 256-wide tile, or a 2-CTA
+// cluster along N, over an odd number of them computes a tile column for nothing.
+bool pads_along_n(TileConfig const& c, int N) {
+  const int64_t tiles_n = (int64_t(N) + c.tile_n - 1) / c.tile_n;
+  const int64_t grid_columns = (tiles_n + c.cluster_n - 1) / c.cluster_n * c.cluster_n * c.tile_n;
+  return grid_columns > (int64_t(N) + 127) / 128 * 128;
+}
+
 }  // namespace
 
 #ifndef GEMMBN_TF32_ROWS
@@ -79,7 +87,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   // N <= 1024 with K > 4096: x, the large operand, is read once per N tile; row 1 halves that (TF32 256-wide tiles,
   // 16-bit x multicast to a 1x2 cluster) where its tiles along N pad nothing (v22: 16384x8192->512 TF32 0.389 ->
   // 0.365 ms, bf16 0.201 -> 0.193).
-  if (K > kLongK && N <= kNarrowN && ((N + 127) / 128) % 2 == 0) return kShortMRow;
+  if (K > kLongK && N <= kNarrowN && !pads_along_n(config_at(operands, kShortMRow), N)) return kShortMRow;
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : kWide;
   return M <= kShortM ? kShortMRow : kWide;
 }
