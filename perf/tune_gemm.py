@@ -55,8 +55,8 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
         split_args = debug.split_gemm_arguments(w, M)
     candidates = []  # (row dict, fn)
     for index, config in enumerate(C.gemm_configs(dtype_name, split)):
-        if table_rows is not None and index not in table_rows:
-            continue
+        if (table_rows is not None and index not in table_rows) or (with_node and not config["statistics"]):
+            continue  # a row without the statistics node takes launches without partials only
         tile_m, _ = C.gemm_config(dtype_name, M, N, K, index, split)
         partials = torch.empty(2, -(-M // tile_m), N, device="cuda")
         shape = f"{config['tile_m']}x{config['tile_n']}x{config['tile_k']} c{config['cluster_m']}x{config['cluster_n']}"

@@ -15,7 +15,7 @@ if _REASON is not None and "is missing" in _REASON:
 TABLES = [("float32", False), ("bfloat16", False), ("float16", False), ("float32", True)]
 TABLE_IDS = ["tf32", "bf16", "fp16", "split"]
 FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster", "swizzle",
-          "promote_tiles", "stream_k", "partial_rows"}
+          "promote_tiles", "stream_k", "statistics", "partial_rows"}
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -34,6 +34,8 @@ def test_every_row_is_a_valid_configuration(dtype, split):
         assert row["epilogue_n"] == 0 or row["tile_n"] % row["epilogue_n"] == 0
         # CUTLASS's stream-K scheduler takes cooperative kernels only.
         assert row["stream_k"] in (0, 1) and not (row["stream_k"] and row["pingpong"])
+        # A row without the statistics node serves launches without partials (eval, statistics from y) only.
+        assert row["statistics"] in (0, 1) and (row["statistics"] or not split)
         if split:
             # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only.
             assert (row["tile_m"], row["tile_n"], row["tile_k"], row["pingpong"], row["cluster_n"]) == (128, 128, 32, 0, 1)
@@ -57,12 +59,25 @@ def test_workspace_is_asked_for_stream_k_rows_only(dtype, split):
     # Rows without stream-K answer 0 without touching a device; the stream-K rows' size depends on the
     # device's SM count, so tests/test_native_gpu.py checks those.
     for index, row in enumerate(debug.gemm_configs(dtype, split)):
-        if not row["stream_k"]:
+        if not row["statistics"]:  # a row without the statistics node refuses a launch with partials
+            with pytest.raises(RuntimeError, match="statistics node"):
+                debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split)
+            assert debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split, statistics=False) == 0
+        elif not row["stream_k"]:
             assert debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split) == 0
             with pytest.raises(RuntimeError, match="stream-K"):
                 debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split, splits=2)
     with pytest.raises(RuntimeError, match="config"):
         debug.gemm_workspace_bytes(dtype, 1000, 264, 512, len(debug.gemm_configs(dtype, split)), split)
+
+
+@pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
+def test_launches_with_partials_get_a_row_with_the_statistics_node(dtype, split):
+    rows = debug.gemm_configs(dtype, split)
+    for M in (64, 128, 1000, 2048, 4096, 16384, 65536):
+        for N in (64, 512, 1024, 2048, 4096, 8192):
+            for K in (64, 512, 1024, 2048, 4096, 8192):
+                assert rows[debug.gemm_selected_config(dtype, M, N, K, split)]["statistics"] == 1, (M, K, N)
 
 
 def test_split_is_float32_only():
@@ -104,7 +119,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
         # select_config's one-wave rows (4: 128x128, 5: 128x96) in both tables, TF32's stream-K row (6).
         assert layout(rows[4]) == (128, 128, 0, 2, 1) and rows[4]["stream_k"] == 0
         assert layout(rows[5]) == (128, 96, 0, 2, 1) and rows[5]["stream_k"] == 0
-        assert len(rows) == (7 if tf32 else 6)
+        # Past those, only the experimental rows without the statistics node (CMake GEMMBN_NO_STATISTICS_ROWS=ON).
+        assert len(rows) >= (7 if tf32 else 6) and not any(r["statistics"] for r in rows[7 if tf32 else 6:])
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.

@@ -66,9 +66,9 @@ def _problem(M, K, N, dtype, seed=0):
     return x, w, b, s
 
 
-def _workspace(dtype_name, M, N, K, config=-1, split=False, splits=-1, raster=-1, swizzle=-1):
+def _workspace(dtype_name, M, N, K, config=-1, split=False, splits=-1, raster=-1, swizzle=-1, statistics=True):
     """The stream-K rows' workspace, poisoned (the launch must zero what it relies on), else None."""
-    size = debug.gemm_workspace_bytes(dtype_name, M, N, K, config, split, splits, raster=raster, swizzle=swizzle)
+    size = debug.gemm_workspace_bytes(dtype_name, M, N, K, config, split, splits, statistics, raster, swizzle)
     return torch.full((size,), 0xA5, device="cuda", dtype=torch.uint8) if size else None
 
 
@@ -82,7 +82,7 @@ def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swiz
     y = torch.full((M, N), float("nan"), device="cuda", dtype=x.dtype)
     pm = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
     pm2 = torch.full((tiles, N), float("nan"), device="cuda") if stats else None
-    workspace = _workspace(DTYPE_NAMES[x.dtype], M, N, K, config, split, splits, raster, swizzle)
+    workspace = _workspace(DTYPE_NAMES[x.dtype], M, N, K, config, split, splits, raster, swizzle, stats)
     debug.gemm_scale_stats(x, w, y, b, s, gain, shift, pm, pm2, counter, config=config, raster=raster,
                         swizzle=swizzle, splits=splits, workspace=workspace, **_split_keywords(name, w, M))
     return y, pm, pm2, tile_m
@@ -108,6 +108,8 @@ def _check_gemm_and_partials(x, w, b, s, name, **launch):
     y_ref = (x.double() @ w.double().T + b.double()) * s.double()
     assert not y.isnan().any(), "unwritten output elements"
     assert _rel(y, y_ref) < GEMM_TOL[name]
+    if not launch.get("stats", True):
+        return  # a row without the statistics node
     assert not pm.isnan().any() and not pm2.isnan().any(), "unwritten partials"
     # The partials describe y as stored: against float64 statistics of the kernel's own y, only the
     # reduction errs (fp32 per-thread two-pass moments and Chan merges over <= 128 rows: a few ulp).
@@ -142,11 +144,25 @@ CONFIG_ROWS = [
 @pytest.mark.parametrize("raster,swizzle", [(-1, -1), (1, 2), (2, 8)])
 def test_every_configuration_row(name, row, raster, swizzle):
     problem = _problem(1000, 512, 264, _dtype(name), seed=row)
-    _check_gemm_and_partials(*problem, name, config=row, raster=raster, swizzle=swizzle)
+    statistics = bool(_row(name, row)["statistics"])  # a row without the node runs without partials
+    _check_gemm_and_partials(*problem, name, config=row, raster=raster, swizzle=swizzle, stats=statistics)
+    if not statistics:  # and refuses them, launching nothing
+        x, w, b, s = problem
+        y = torch.full((1000, 264), float("nan"), device="cuda", dtype=x.dtype)
+        partials = torch.full((2, -(-1000 // _row(name, row)["partial_rows"]), 264), float("nan"), device="cuda")
+        with pytest.raises(RuntimeError, match="statistics node"):
+            debug.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None, config=row,
+                                   **_split_keywords(name, w, 1000))
+        torch.cuda.synchronize()
+        assert y.isnan().all() and partials.isnan().all(), "a refused call must launch nothing"
 
 
-STREAM_K_ROWS = [(name, row) for name, row in CONFIG_ROWS
-                 if debug.gemm_configs(DTYPE_NAMES[_dtype(name)], OPERANDS[name][1])[row]["stream_k"]]
+def _row(name, row):
+    """Row `row` of the operand type's configuration table (debug.gemm_configs)."""
+    return debug.gemm_configs(DTYPE_NAMES[_dtype(name)], OPERANDS[name][1])[row]
+
+
+STREAM_K_ROWS = [(name, row) for name, row in CONFIG_ROWS if _row(name, row)["stream_k"]]
 
 
 @pytest.mark.parametrize("name,row", STREAM_K_ROWS)

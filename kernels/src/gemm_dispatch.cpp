@@ -120,7 +120,8 @@ bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int
   if (config < 0 || config >= config_count(operands)) return false;
   const TileConfig& c = config_at(operands, config);
   const int row[kConfigFields] = {c.tile_m,   c.tile_n,   c.tile_k, c.cluster_m,     c.cluster_n, c.epilogue_n,
-                                  c.pingpong, c.raster, unpadded_swizzle(c, M, N), c.promote_tiles, c.stream_k, partial_rows(c)};
+                                  c.pingpong, c.raster, unpadded_swizzle(c, M, N), c.promote_tiles, c.stream_k,
+                                  c.statistics, partial_rows(c)};
   for (int i = 0; i < kConfigFields; ++i) out[i] = row[i];
   return true;
 }
@@ -160,6 +161,10 @@ Status resolve_row(GemmScaleStatsArgs const& args, GemmOperands operands, int& r
   }
   const bool statistics = args.partial_mean != nullptr;
   row = args.config >= 0 ? args.config : select_config(operands, args.M, args.N, args.K, statistics);
+  if ((statistics || args.batches_tracked) && config_at(operands, row).statistics == 0) {
+    return Status::invalid("this configuration row has no statistics node: partials and batches_tracked need a row "
+                           "with one (statistics = 1)");
+  }
   if (args.splits > 1 && config_at(operands, row).stream_k == 0) {
     return Status::invalid("splits > 1 needs a stream-K configuration row (stream_k = 1)");
   }

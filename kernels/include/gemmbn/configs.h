@@ -24,6 +24,10 @@ struct TileConfig {
   // partial wave's tiles split along K over every SM, partial accumulators summed in a workspace in a
   // fixed order (deterministic; gemm_workspace_bytes). 0: one persistent CTA per tile, no workspace.
   int stream_k = 0;
+  // 1: the epilogue carries the statistics node (partials of y per tile). 0: it does not, so the row serves only
+  // launches without partials (the eval forward, a training forward taking its statistics from y), and its epilogue
+  // has the registers the node would hold.
+  int statistics = 1;
 };
 
 // Rows per epilogue subtile: CUTLASS's sm90 epilogue takes 128 rows per subtile in cooperative kernels,
@@ -51,6 +55,9 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   stream-K row where the cluster would pad (rows 4-6: perf/NOTES.md v20, v21; the 128x256 stream-K rows and 16-bit's
 //   128x128 one never won);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators).
+// Rows with statistics = 0 (none by default; CMake GEMMBN_NO_STATISTICS_ROWS=ON adds the experimental ones) have no
+// moments node, so only launches without partials may take them (perf/NOTES.md v23: the node's per-value work is
+// what the ping-pong epilogue cannot hide at short K).
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
@@ -59,6 +66,10 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 0, 0, 8},        // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
     {128, 96, 32, 2, 1, 32, 0, 0, 8},         // 5: row 4 on 128x96 tiles (one wave of them, N a multiple of 96)
     {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 6: cooperative 128x128, stream-K (row 4 where its cluster pads)
+#if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): no statistics node, picked by no rule
+    {128, 128, 32, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 0 without the statistics node
+    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 8: row 7, 64-column epilogue subtiles
+#endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
     {128, 128, 64, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
@@ -67,6 +78,12 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {64, 64, 64, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
     {128, 128, 64, 2, 1, 32, 0, 0, 8},  // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
     {128, 96, 64, 2, 1, 32, 0, 0, 8},   // 5: row 4 on 128x96 tiles (one wave of them, N a multiple of 96)
+#if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): no statistics node, picked by no rule
+    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},   // 6: row 0 without the statistics node
+    {128, 128, 64, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 7: row 6, 64-column epilogue subtiles
+    {128, 128, 64, 2, 1, 128, 1, 0, 8, 1, 0, 0},  // 8: row 6, 128-column subtiles (ptxas: 48 bytes of spills)
+    {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},    // 9: cooperative 256x128, x multicast (cuBLAS's nvjet tile)
+#endif
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128

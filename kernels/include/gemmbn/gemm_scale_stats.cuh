@@ -89,8 +89,10 @@ struct GemmScaleStatsKernel {
   using Affine = fusion::Sm90EVT<  // y = (acc + b) s gain + shift, rounded to Element
       fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>, MulScale, Gain, Shift>;
   // Partial mean, M2 of y as stored (after rounding to Element), so the statistics describe exactly
-  // the values finish_normalize normalizes, as PyTorch's BatchNorm sees its (rounded) input.
-  using Output = fusion::Sm90EVT<epilogue::Sm90ColumnMoments<TileShape>, Affine>;
+  // the values finish_normalize normalizes, as PyTorch's BatchNorm sees its (rounded) input. Rows without the
+  // statistics node store the affine's result alone.
+  using Moments = epilogue::Sm90ColumnMoments<TileShape>;
+  using Output = cute::conditional_t<kConfig.statistics != 0, fusion::Sm90EVT<Moments, Affine>, Affine>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -161,16 +163,21 @@ struct GemmScaleStatsKernel {
       if constexpr (kSplit) return typename AddBias::Arguments{{}, {a.weight_unscale, 1.f, {}}, bias, {}};
       else return typename AddBias::Arguments{{}, bias, {}};
     }();
-    typename Output::Arguments epilogue_tree{
-        {                                                                   // Affine
-            {                                                               // MulScale
-                add_bias,
-                {static_cast<Element const*>(a.scale), Element(1.f), {}},  // Scale
-                {}},
-            {a.gain, 1.f, {}},   // Gain
-            {a.shift, 0.f, {}},  // Shift
+    typename Affine::Arguments affine{
+        {                                                               // MulScale
+            add_bias,
+            {static_cast<Element const*>(a.scale), Element(1.f), {}},  // Scale
             {}},
-        {a.partial_mean, a.partial_m2, a.batches_tracked}};  // Moments
+        {a.gain, 1.f, {}},   // Gain
+        {a.shift, 0.f, {}},  // Shift
+        {}};
+    typename Output::Arguments epilogue_tree = [&] {
+      if constexpr (kConfig.statistics != 0) {
+        return typename Output::Arguments{affine, {a.partial_mean, a.partial_m2, a.batches_tracked}};  // Moments
+      } else {
+        return affine;
+      }
+    }();
 
     typename CollectiveMainloop::Arguments mainloop_arguments = [&] {
       if constexpr (kSplit) {
