@@ -1,7 +1,8 @@
-// The finish kernel's memory access patterns against a device copy, without torch or the library (issue 18's
-// "finish >= 90% of copy"; perf/NOTES.md v23). Standalone:
+// The finish kernel's memory access patterns against a device copy, without torch or the built library (issue 18's
+// "finish >= 90% of copy"; perf/NOTES.md v23); it shares the kernels' 16-byte vectors and work split (headers only):
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90a -o /tmp/finish_patterns perf/finish_patterns.cu && /tmp/finish_patterns [M N]
+//   nvcc -O3 -std=c++17 -arch=sm_90a -I kernels/include -o /tmp/finish_patterns perf/finish_patterns.cu && \
+//     /tmp/finish_patterns [M N]
 //
 // Each candidate runs in place over y [M, N] (float32, then bfloat16), L2 flushed before every call (a 256 MB memset,
 // not timed), all candidates of a dtype interleaved, median of 30 calls:
@@ -27,7 +28,13 @@
 #include <string>
 #include <vector>
 
+#include "gemmbn/elementwise.cuh"
+#include "gemmbn/work_items.h"
+
 namespace cg = cooperative_groups;
+using gemmbn::kThreads;
+template <class T>
+using Vec = gemmbn::Vector16<T>;
 
 #define CHECK(call)                                                                            \
   do {                                                                                         \
@@ -38,24 +45,7 @@ namespace cg = cooperative_groups;
     }                                                                                          \
   } while (0)
 
-constexpr int kThreads = 256, kTileRows = 128, kMergeColumns = 16, kMergeBatch = 8;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class T> __device__ __forceinline__ T from_float(float v);
-template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-template <class T>
-struct Vec {
-  static constexpr int kSize = 16 / sizeof(T);
-  union {
-    uint4 raw;
-    T e[kSize];
-  };
-  __device__ __forceinline__ void load(const T* p) { raw = *reinterpret_cast<const uint4*>(p); }
-  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<uint4*>(p) = raw; }
-};
+constexpr int kTileRows = 128, kMergeColumns = 16, kMergeBatch = 8;
 
 struct Params {
   void* y;
@@ -85,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) flat_kernel(Params p) {
     if (i >= vectors) continue;
     const int col = static_cast<int>((i * V::kSize) % p.N);
 #pragma unroll
-    for (int k = 0; k < V::kSize; ++k) v[u].e[k] = from_float<T>(fmaf(to_float(v[u].e[k]), __ldg(p.alpha + col + k), __ldg(p.delta + col + k)));
+    for (int k = 0; k < V::kSize; ++k) v[u].set(k, fmaf(v[u].get(k), __ldg(p.alpha + col + k), __ldg(p.delta + col + k)));
     v[u].store(y + i * V::kSize);
   }
 }
@@ -176,7 +166,7 @@ struct Stripes {
           const int64_t row = r + u * kRowsPerPass;
           if (row >= row_end) continue;
 #pragma unroll
-          for (int k = 0; k < V::kSize; ++k) v[u].e[k] = from_float<T>(fmaf(to_float(v[u].e[k]), a[k], d[k]));
+          for (int k = 0; k < V::kSize; ++k) v[u].set(k, fmaf(v[u].get(k), a[k], d[k]));
           v[u].store(y + row * p.N + col);
         }
       }
@@ -211,12 +201,10 @@ int resident(int sms) {
   return per_sm * sms;
 }
 
-// work_items.h's split: stripes x row chunks that fill max_blocks once.
+// The kernels' split (work_items.h): stripes x row chunks that fill max_blocks once.
 void plan(Params& p, int cols, int max_blocks, int64_t row_step) {
-  p.stripes = (p.N + cols - 1) / cols;
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((p.M + row_step - 1) / row_step, max_blocks / p.stripes));
-  p.rows_per_chunk = ((p.M + chunks - 1) / chunks + row_step - 1) / row_step * row_step;
-  p.items = int(p.stripes * ((p.M + p.rows_per_chunk - 1) / p.rows_per_chunk));
+  const gemmbn::WorkItems work = gemmbn::work_items(p.M, p.N, cols, max_blocks, row_step);
+  p.stripes = work.stripes, p.rows_per_chunk = work.rows_per_chunk, p.items = int(work.items);
 }
 
 struct Candidate {

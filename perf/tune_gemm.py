@@ -58,7 +58,7 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
         if (table_rows is not None and index not in table_rows) or (with_node and not config["statistics"]):
             continue  # a row without the statistics node takes launches without partials only
         tile_m, _ = C.gemm_config(dtype_name, M, N, K, index, split)
-        partials = torch.empty(2, -(-M // tile_m), N, device="cuda")
+        partials = torch.empty(2, -(-M // tile_m), N, device="cuda") if with_node else (None, None)
         shape = f"{config['tile_m']}x{config['tile_n']}x{config['tile_k']} c{config['cluster_m']}x{config['cluster_n']}"
         shape += f" epi{config['epilogue_n'] or 'auto'}" + (" pingpong" if config['pingpong'] else "")
         shape += " stream-K" if config["stream_k"] else ""
@@ -72,7 +72,7 @@ def sweep(M: int, K: int, N: int, name: str, rasters, swizzles, split_counts, ti
                         f"rule:{debug.gemm_launch_config(dtype_name, M, N, K, index, split, with_node)['swizzle']}"
                     def launch(index=index, raster=raster, swizzle=swizzle, partials=partials, splits=splits,
                                workspace=workspace):
-                        C.gemm_scale_stats(x, w, y, b, s, None, None, *(partials if with_node else (None, None)), None,
+                        C.gemm_scale_stats(x, w, y, b, s, None, None, partials[0], partials[1], None,
                                            config=index, raster=raster, swizzle=swizzle, splits=splits,
                                            workspace=workspace, **split_args)
                     candidates.append(({"dtype": name, "provider": "gemmbn", "statistics": int(with_node), "row": index,
