@@ -119,8 +119,13 @@ def test_selection_follows_the_measured_rule(dtype, split):
         # select_config's one-wave rows (4: 128x128, 5: 128x96) in both tables, TF32's stream-K row (6).
         assert layout(rows[4]) == (128, 128, 0, 2, 1) and rows[4]["stream_k"] == 0
         assert layout(rows[5]) == (128, 96, 0, 2, 1) and rows[5]["stream_k"] == 0
-        # Past those, only the experimental rows without the statistics node (CMake GEMMBN_NO_STATISTICS_ROWS=ON).
-        assert len(rows) >= (7 if tf32 else 6) and not any(r["statistics"] for r in rows[7 if tf32 else 6:])
+        # Row 0's tile without the statistics node (TF32 row 7, 16-bit row 6: 64-column subtiles fit without the
+        # node), for launches without partials; past it only the experimental rows without the node (CMake
+        # GEMMBN_NO_STATISTICS_ROWS=ON).
+        without = 7 if tf32 else 6
+        assert layout(rows[without]) == layout(rows[0]) and rows[without]["statistics"] == 0
+        assert rows[without]["epilogue_n"] == (32 if tf32 else 64)
+        assert all(r["statistics"] for r in rows[:without]) and not any(r["statistics"] for r in rows[without:])
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
@@ -190,11 +195,30 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # The split GEMM's stream-K row (the others take row 0): under 132 tiles with K > 1024.
     expected_rows[(1024, 65536, 1024)] = expected_rows[(1024, 4096, 1024)] = (5, 5)  # 88 of 128x96
     split_row = lambda shape: 1 if _tiles_128(shape[0], shape[2]) < 132 and shape[1] > 1024 else 0  # noqa: E731
-    # Without the statistics node (eval, the plain GEMM) the short-K clause for 64x128 tiles is off.
-    short_k_shapes = ((4352, 1024, 1024), (16384, 1024, 1024), (4096, 1024, 4096), (4224, 1024, 4096),
-                      (16384, 512, 8192), (4096, 512, 8192), (65536, 512, 512), (16896, 512, 2048), (17024, 512, 2048))
-    short_k_statistics_only = dict.fromkeys(short_k_shapes, (0, 0))
-    for (M, K, N), (tf32_row, half_row) in {**expected_rows, **short_k_statistics_only}.items():
+    # Launches without partials (eval, the training forward with its statistics from y): K <= 1024 from a wave of
+    # tiles up takes row 0's tile without the statistics node (TF32 row 7, 16-bit row 6) instead of the 64x128 row or
+    # row 0, and TF32 takes row 7 wherever it would take row 0; elsewhere the same rows.
+    short_k_without_statistics = {
+        (4096, 1024, 1024): (7, 6),  # 256 tiles: not the 64x128 row
+        (4352, 1024, 1024): (7, 6),
+        (16384, 1024, 1024): (7, 6),
+        (65536, 1024, 1024): (7, 6),
+        (4096, 1024, 4096): (7, 6),
+        (4224, 1024, 4096): (7, 6),
+        (4352, 1024, 4096): (7, 6),
+        (16384, 512, 8192): (7, 6),
+        (4096, 512, 8192): (7, 6),
+        (65536, 512, 512): (7, 6),
+        (16896, 512, 2048): (7, 6),
+        (17024, 512, 2048): (7, 6),
+        (2048, 1024, 8192): (7, 6),  # 16-bit: not the 1x2-cluster row either
+        (1024, 512, 2048): (4, 4),  # 128 tiles: under a wave, the one-wave row as with statistics
+        (1024, 256, 1536): (2, 2),  # 96 tiles, K < 512
+        (1024, 1024, 1024): (3, 3),  # 64 tiles: the small rows as with statistics
+    }
+    without_statistics = {shape: (7 if tf32_row == 0 else tf32_row, half_row)
+                          for shape, (tf32_row, half_row) in expected_rows.items()}
+    for (M, K, N), (tf32_row, half_row) in {**without_statistics, **short_k_without_statistics}.items():
         expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
         assert debug.gemm_selected_config(dtype, M, N, K, split, statistics=False) == expected, (M, K, N)
         plain_row = (rows[expected]["partial_rows"], rows[expected]["tile_n"])
@@ -243,9 +267,9 @@ def test_statistics_source_override(monkeypatch):
 
 
 def test_statistics_source_rule(monkeypatch):
-    """gemm_dispatch.cpp's rule: finish_normalize's pass over y for K <= 1024 past two waves (264) of 128x128 tiles,
-    and in 16-bit for K <= 2048 past eight waves (1056), never for the split GEMM; the epilogue elsewhere (perf/NOTES.md
-    v17 and v22 have the measurements)."""
+    """gemm_dispatch.cpp's rule: finish_normalize's pass over y past a wave (132) of 128x128 tiles for K <= 1024, and
+    in 16-bit for K <= 2048, never for the split GEMM; the epilogue elsewhere (perf/NOTES.md v17, v22 and v24 have the
+    measurements)."""
     monkeypatch.delenv("GEMMBN_STATISTICS_SOURCE", raising=False)
     from_y = {  # (M, K, N) -> the y pass?  (tiles)
         (16384, 512, 8192): True,  # 8192
@@ -253,12 +277,13 @@ def test_statistics_source_rule(monkeypatch):
         (65536, 512, 512): True,  # 2048
         (65536, 1024, 1024): True,  # 4096
         (16384, 1024, 1024): True,  # 1024
-        (4096, 1024, 1024): False,  # 256: 1.07-1.12x slower with the y pass
-        (4224, 1024, 1024): False,  # 33 x 8 = 264 tiles: two waves, not past them
-        (4352, 1024, 1024): True,  # 34 x 8 = 272
-        (16384, 2048, 1024): False,  # K past 1024; 1024 tiles (16-bit: not past eight waves)
-        (16896, 2048, 1024): False,  # 1056 tiles: eight waves, not past them
-        (17024, 2048, 1024): (False, True),  # 1064 tiles: 16-bit takes the y pass up to K = 2048 (TF32 does not)
+        (4096, 1024, 1024): True,  # 256: TF32 0.057 -> 0.048 ms with the row without the statistics node
+        (2048, 1024, 1024): False,  # 128 tiles: under a wave the y pass lost by 7-28%
+        (4224, 1024, 512): False,  # 33 x 4 = 132 tiles: a wave, not past it
+        (4352, 1024, 512): True,  # 34 x 4 = 136
+        (2048, 2048, 1024): False,  # 128 tiles, K = 2048
+        (4352, 2048, 512): (False, True),  # 136 tiles: 16-bit takes the y pass up to K = 2048 (TF32 does not)
+        (3072, 2048, 1024): (False, True),  # 192 tiles: bf16 0.053 -> 0.046 ms
         (4096, 2048, 8192): (False, True),  # 2048 tiles: bf16 0.253 vs 0.264 ms, TF32 0.488 vs 0.465
         (16384, 2048, 8192): (False, True),
         (16384, 2049, 8192): False,

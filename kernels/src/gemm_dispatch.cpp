@@ -33,6 +33,17 @@ bool pads_along_n(TileConfig const& c, int N) {
   return grid_columns > (int64_t(N) + 127) / 128 * 128;
 }
 
+// The table's first row without the statistics node (configs.h puts row 0's tile there), or -1.
+constexpr int first_row_without_statistics(GemmOperands operands) {
+  for (int row = 0; row < config_count(operands); ++row) {
+    if (config_at(operands, row).statistics == 0) return row;
+  }
+  return -1;
+}
+static_assert(first_row_without_statistics(GemmOperands::tf32) > 0 &&
+                  first_row_without_statistics(GemmOperands::bf16) > 0,
+              "select_config gives launches without partials a row without the statistics node");
+
 }  // namespace
 
 #ifndef GEMMBN_TF32_ROWS
@@ -57,6 +68,10 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // ping-pong 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative 128x256
 // row where the 2x1 cluster would pad a tile (an odd number of 128-row tiles), else row 0 too (no cliff since the
 // launch's swizzle pads no tile: 1536x4096->4096 0.145 vs 0.190 ms, v19).
+// Launches without partials (eval, the training forward with its statistics from y) at K <= 1024 from a wave of tiles
+// up take row 0's tile without the statistics node, and so does TF32 wherever it would take row 0: the node's
+// per-value work, idle as it is there, cost 8-15% in 16-bit and 2-5% in TF32 at K <= 1024 and the 64x128 row 24-34%
+// at 4096x1024->1024 (v23, v24).
 // The split GEMM has one tile shape: fewer tiles than a wave with K past kShortK take its stream-K row.
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
@@ -78,34 +93,34 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }
+  const int wide = statistics ? kWide : first_row_without_statistics(operands);
+  if (!statistics && short_k && tiles >= kWave) return wide;
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
-  // Short K with more tiles, statistics on: the epilogue dominates and the 64x128 row's one subtile
-  // row per tile takes the butterfly lane merge. Without the statistics node (eval) the 128-row tiles
-  // stay faster (bf16 16384x512->8192 eval 0.248 ms on row 0, 0.335 on row 2).
-  if (statistics && K <= kShorterK && (!tf32 || tiles <= 16 * kWave)) return kNarrow;
-  if (statistics && !tf32 && short_k && tiles <= 8 * kWave) return kNarrow;
+  // Short K with more tiles, statistics on (launches without took their row above): the epilogue dominates and the
+  // 64x128 row's one subtile row per tile takes the butterfly lane merge.
+  if (K <= kShorterK && (!tf32 || tiles <= 16 * kWave)) return kNarrow;
+  if (!tf32 && short_k && tiles <= 8 * kWave) return kNarrow;
   // N <= 1024 with K > 4096: x, the large operand, is read once per N tile; row 1 halves that (TF32 256-wide tiles,
   // 16-bit x multicast to a 1x2 cluster) where its tiles along N pad nothing (v22: 16384x8192->512 TF32 0.389 ->
   // 0.365 ms, bf16 0.201 -> 0.193).
   if (K > kLongK && N <= kNarrowN && !pads_along_n(config_at(operands, kShortMRow), N)) return kShortMRow;
-  if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : kWide;
+  if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : wide;
   return M <= kShortM ? kShortMRow : kWide;
 }
 
-// Where the training statistics come from. The epilogue's per-tile reductions cost short-K problems two to three
-// times what one more read of y does (perf/NOTES.md v11): K <= 1024 past two waves of 128x128 tiles takes
-// finish_normalize's pass over y (TF32 0.91-0.995x, 16-bit 0.80-0.88x the epilogue's forward at the sweep's five
-// such shapes; 1.07-1.12x at 4096x1024->1024, 256 tiles: v17), and in 16-bit K <= 2048 past eight waves (bf16
-// 0.96-0.97x at 2048 and 8192 tiles; TF32 1.05-1.06x, so not there: v22); never the split GEMM (its mainloop dwarfs the
-// epilogue). GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
+// Where the training statistics come from. Past a wave of 128x128 tiles with K <= 1024, and in 16-bit K <= 2048,
+// finish_normalize's pass over y costs less than the epilogue's per-tile reductions, since the GEMM without partials
+// takes a row without the statistics node (v24: 4096x1024->1024 TF32 0.057 -> 0.048 ms, 16384x1024->1024 bf16 0.107 ->
+// 0.086, 16-bit K = 2048 0.87-0.94x from 192 tiles); under a wave it lost by 7-28% (the one-wave and small rows keep
+// their node), and TF32 at K = 2048 ran level (0.99-1.05x). Never the split GEMM (its mainloop dwarfs the epilogue).
+// GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
     return forced[0] == 'y';
   }
   const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
   const int64_t tiles = tiles_128(M, N);
-  return operands != GemmOperands::f32_split &&
-         ((K <= kShortK && tiles > 2 * kWave) || (half && K <= 2 * kShortK && tiles > 8 * kWave));
+  return operands != GemmOperands::f32_split && tiles > kWave && (K <= kShortK || (half && K <= 2 * kShortK));
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }

@@ -54,10 +54,11 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   more than half a wave (more SMs busy, each with 3/4 of a 128x128 tile's work), else 128x128 past 64 tiles; TF32's
 //   stream-K row where the cluster would pad (rows 4-6: perf/NOTES.md v20, v21; the 128x256 stream-K rows and 16-bit's
 //   128x128 one never won);
-// - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators).
-// Rows with statistics = 0 (none by default; CMake GEMMBN_NO_STATISTICS_ROWS=ON adds the experimental ones) have no
-// moments node, so only launches without partials may take them (perf/NOTES.md v23: the node's per-value work is
-// what the ping-pong epilogue cannot hide at short K).
+// - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators);
+// - launches without partials (eval, the training forward with its statistics from y) take row 0 without the moments
+//   node at short K (and TF32 wherever row 0 runs): the node's per-value work is what the ping-pong epilogue cannot
+//   hide there, and without it 16-bit's 64-column subtiles fit (perf/NOTES.md v23, v24). Such rows (statistics = 0)
+//   refuse partials; CMake GEMMBN_NO_STATISTICS_ROWS=ON adds experimental ones that no rule picks.
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
@@ -66,8 +67,8 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 0, 0, 8},        // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
     {128, 96, 32, 2, 1, 32, 0, 0, 8},         // 5: row 4 on 128x96 tiles (one wave of them, N a multiple of 96)
     {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 6: cooperative 128x128, stream-K (row 4 where its cluster pads)
-#if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): no statistics node, picked by no rule
-    {128, 128, 32, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 0 without the statistics node
+    {128, 128, 32, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 0 without the statistics node (launches without partials)
+#if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
     {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 8: row 7, 64-column epilogue subtiles
 #endif
 };
@@ -78,11 +79,10 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {64, 64, 64, 1, 1, 32, 1, 0, 8},    // 3: ping-pong 64x64 (fewer still)
     {128, 128, 64, 2, 1, 32, 0, 0, 8},  // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
     {128, 96, 64, 2, 1, 32, 0, 0, 8},   // 5: row 4 on 128x96 tiles (one wave of them, N a multiple of 96)
-#if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): no statistics node, picked by no rule
-    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},   // 6: row 0 without the statistics node
-    {128, 128, 64, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 7: row 6, 64-column epilogue subtiles
-    {128, 128, 64, 2, 1, 128, 1, 0, 8, 1, 0, 0},  // 8: row 6, 128-column subtiles (ptxas: 48 bytes of spills)
-    {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},    // 9: cooperative 256x128, x multicast (cuBLAS's nvjet tile)
+    {128, 128, 64, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 6: row 0 without the statistics node, 64-column epilogue subtiles
+#if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
+    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 6 with 32-column subtiles
+    {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 8: cooperative 256x128, x multicast (cuBLAS's nvjet tile)
 #endif
 };
 
