@@ -37,6 +37,9 @@ SETS: dict[str, list[Shape]] = {
     "large_n": [Shape(1024, 8192, 8192)],
     "tiny": [Shape(128, 1024, 512)],
     "sweep": _sweep(),
+    # The sweep's ten smallest shapes, for a process of their own: timed last in a whole sweep, their torch.compile
+    # times were 2-3x eager's at some shapes in three runs (perf/NOTES.md v21, v23, v24).
+    "sweep_small": _sweep()[10:],
     # Issue 17's synchronized single-call latency shapes (bench.py --sync): host-bound to GEMM-bound.
     "latency": [Shape(128, 1024, 512), Shape(4096, 1024, 1024), Shape(1024, 8192, 8192), Shape(16384, 4096, 4096)],
     # Short K, where the statistics epilogue costs most (select_config's short-K clauses; all in the sweep too).
