@@ -1,11 +1,17 @@
 """Summarize a perf/bench.py CSV: a Markdown table (for the README) and a PNG of gemmbn's speedup.
 
     python perf/report.py RESULTS.csv [--readme-table OUT.md] [--plot OUT.png | --no-plot]
+                          [--earlier-run EARLIER.csv]
 
 The table has one line per shape, config and mode (train, eval) in which gemmbn ran. The plot shows,
 per shape, best PyTorch / gemmbn for the training forward, where best PyTorch is the fastest of
 eager, compile and compile-max-autotune that was measured; one series per config. Without
 matplotlib the table is still written and the exit status is 1.
+
+With --earlier-run, a line whose eager, torch.compile or cuBLAS median is more than DISTURBED off the earlier run's
+of the same shape, config and mode is marked ‡: none of them changes with gemmbn's commits (under the same torch), so
+such a line timed a disturbed device (perf/NOTES.md v24: the device's host ran eager and cuBLAS 1.3-4x slow at times).
+The summary line counts the training forward ahead of the best PyTorch path with those lines apart.
 """
 
 from __future__ import annotations
@@ -16,6 +22,10 @@ import sys
 from pathlib import Path
 
 BASELINES = ("eager", "compile", "compile-max-autotune")
+# Providers that gemmbn's commits cannot change (the same torch), and how far off an earlier run's median marks a
+# line disturbed: v24's undisturbed reruns stayed within ~10%, its disturbed ones were 1.3-4x off.
+UNCHANGING = (("eager", None), ("compile", None), ("cublas", "gemm"))
+DISTURBED = 1.25
 COLUMNS = (  # (provider, mode or None = the row's own mode, title)
     ("gemmbn", None, "gemmbn"),
     ("eager", None, "eager"),
@@ -65,8 +75,29 @@ def speedups(rows: list[dict[str, str]], mode: str = "train") -> dict[tuple, flo
     return result
 
 
-def markdown(meta: dict[str, str], rows: list[dict[str, str]]) -> str:
-    """The README table: median ms per provider, gemmbn's speedup over the best PyTorch, its TFLOP/s."""
+def disturbed(rows: list[dict[str, str]], earlier: list[dict[str, str]]) -> dict[tuple, list[str]]:
+    """{(M, K, N, config, mode): ["eager 1.9x", ...]} where an unchanging provider's median is more than DISTURBED
+    off ``earlier``'s (either way) on a line both runs measured."""
+    before, result = _groups(earlier), {}
+    for key, group in _groups(rows).items():
+        for mode in ("train", "eval"):
+            off = []
+            for provider, fixed_mode in UNCHANGING:
+                now = group.get((provider, fixed_mode or mode))
+                then = before.get(key, {}).get((provider, fixed_mode or mode))
+                if now and then:
+                    ratio = float(now["median_ms"]) / float(then["median_ms"])
+                    if max(ratio, 1 / ratio) > DISTURBED:
+                        off.append(f"{provider} {ratio:.2f}x")
+            if off:
+                result[(*key, mode)] = off
+    return result
+
+
+def markdown(meta: dict[str, str], rows: list[dict[str, str]], earlier: list[dict[str, str]] | None = None,
+             earlier_name: str = "") -> str:
+    """The README table: median ms per provider, gemmbn's speedup over the best PyTorch, its TFLOP/s; with an
+    earlier run, ‡ on the lines that look disturbed and a summary of the training forward."""
     lines = [
         (
             f"{meta.get('gpu', '?')}, driver {meta.get('driver', '?')}, CUDA {meta.get('cuda', '?')}, "
@@ -80,6 +111,7 @@ def markdown(meta: dict[str, str], rows: list[dict[str, str]]) -> str:
     lines += ["", "| M×K→N | config | mode | " + " | ".join(titles) + " | best PyTorch / gemmbn | gemmbn TFLOP/s |",
               "|---|---|---|" + "---:|" * (len(titles) + 2)]  # fmt: skip
     fallback_seen, ratios = False, {mode: speedups(rows, mode) for mode in ("train", "eval")}
+    off = disturbed(rows, earlier) if earlier is not None else {}
     for (M, K, N, config), group in _groups(rows).items():
         for mode in ("train", "eval"):
             if ("gemmbn", mode) not in group:
@@ -92,7 +124,7 @@ def markdown(meta: dict[str, str], rows: list[dict[str, str]]) -> str:
                     cell, fallback_seen = cell + " †", True
                 cells.append(cell)
             ratio = ratios[mode].get((M, K, N, config))
-            cells.append(f"{ratio:.2f}x" if ratio else "—")
+            cells.append((f"{ratio:.2f}x" if ratio else "—") + (" ‡" if (M, K, N, config, mode) in off else ""))
             tflops = float(group[("gemmbn", mode)]["tflops"])
             cells.append(f"{tflops:.0f}" if tflops >= 100 else f"{tflops:.3g}")
             lines.append(f"| {M}×{K}→{N} | {config} | {mode} | " + " | ".join(cells) + " |")
@@ -100,7 +132,20 @@ def markdown(meta: dict[str, str], rows: list[dict[str, str]]) -> str:
     lines.append("cuBLAS and GEMM-only columns time the GEMM (+ bias, scale) alone, the same on train and eval lines.")
     if fallback_seen:
         lines.append("† the PyTorch fallback ran, not the fused kernels (see the CSV's note column).")
+    if earlier is not None:
+        lines.append(summary(ratios["train"], off, earlier_name))
     return "\n".join(lines)
+
+
+def summary(train: dict[tuple, float], off: dict[tuple, list[str]], earlier_name: str) -> str:
+    """One sentence: training pairs at or ahead of the best PyTorch path, the disturbed ones apart."""
+    clean = {key: ratio for key, ratio in train.items() if (*key, "train") not in off}
+    flagged = sorted(f"{M}×{K}→{N} {config} ({', '.join(off[(M, K, N, config, 'train')])})"
+                     for M, K, N, config in train if (M, K, N, config, "train") in off)  # fmt: skip
+    text = (f"‡ eager, torch.compile or cuBLAS more than {DISTURBED}x off {earlier_name or 'the earlier run'}: "
+            f"a disturbed device, not a comparison. Training forward at or ahead of the best PyTorch path: "
+            f"{sum(r >= 1 for r in clean.values())} of {len(clean)} undisturbed pairs")
+    return text + (f"; disturbed: {'; '.join(flagged)}." if flagged else ".")
 
 
 def plot(rows: list[dict[str, str]], path: Path, title: str) -> None:
@@ -138,9 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme-table", type=Path, help="also write the Markdown table here")
     parser.add_argument("--plot", type=Path, help="PNG path (default: the CSV's path with .png)")
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--earlier-run", type=Path, help="a bench CSV of the same shapes; marks disturbed lines (‡)")
     args = parser.parse_args(argv)
     meta, rows = read(args.csv)
-    table = markdown(meta, rows)
+    earlier = read(args.earlier_run)[1] if args.earlier_run else None
+    table = markdown(meta, rows, earlier, args.earlier_run.name if args.earlier_run else "")
     print(table)
     if args.readme_table:
         args.readme_table.write_text(table + "\n")

@@ -127,6 +127,30 @@ def test_report_table_matches_csv(bench_csv, tmp_path):
     assert seen == {(c, m) for c in CONFIGS.values() for m in ("train", "eval")}
 
 
+def test_report_marks_lines_whose_unchanging_providers_moved(bench_csv, tmp_path):
+    """--earlier-run: a line whose eager median is 2x the earlier run's gets ‡ and leaves the summary's count; with
+    the run as its own earlier run nothing is marked."""
+    same = _run("report.py", str(bench_csv), "--no-plot", "--earlier-run", str(bench_csv))
+    assert same.returncode == 0, same.stderr
+    assert "‡" not in "".join(line for line in same.stdout.splitlines() if line.startswith("|"))
+    assert "of 4 undisturbed pairs." in same.stdout  # 4 configs, training forward
+    text = bench_csv.read_text().splitlines()
+    header = next(i for i, line in enumerate(text) if line.startswith("set,"))
+    fields = text[header].split(",")
+    for i in range(header + 1, len(text)):
+        row = dict(zip(fields, text[i].split(",")))
+        if (row["provider"], row["dtype"], row["precision"], row["mode"]) == ("eager", "bfloat16", "-", "train"):
+            row["median_ms"] = str(float(row["median_ms"]) / 2)  # the earlier run's eager twice as fast
+            text[i] = ",".join(row[f] for f in fields)
+    earlier = tmp_path / "earlier.csv"
+    earlier.write_text("\n".join(text) + "\n")
+    result = _run("report.py", str(bench_csv), "--no-plot", "--earlier-run", str(earlier))
+    assert result.returncode == 0, result.stderr
+    marked = [line for line in result.stdout.splitlines() if line.startswith("|") and "‡" in line]
+    assert [line.split("|")[2:4] for line in marked] == [[" bf16 ", " train "]]
+    assert "of 3 undisturbed pairs; disturbed: 128×1024→512 bf16 (eager 2.00x)." in result.stdout
+
+
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed (make installs it: the perf extra)")
 def test_report_png(bench_csv, tmp_path):
     png = tmp_path / "speedup.png"
