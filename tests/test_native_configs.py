@@ -268,8 +268,9 @@ def test_statistics_source_override(monkeypatch):
 
 def test_statistics_source_rule(monkeypatch):
     """gemm_dispatch.cpp's rule: finish_normalize's pass over y past a wave (132) of 128x128 tiles for K <= 1024, and
-    in 16-bit for K <= 2048, never for the split GEMM; the epilogue elsewhere (perf/NOTES.md v17, v22 and v24 have the
-    measurements)."""
+    in 16-bit for K <= 2048, unless its GEMM's grid spans at most three waves and more tile area in waves than the
+    epilogue's (64x128 tiles there); never for the split GEMM; the epilogue elsewhere (perf/NOTES.md v17, v22, v24 and
+    v25 have the measurements)."""
     monkeypatch.delenv("GEMMBN_STATISTICS_SOURCE", raising=False)
     from_y = {  # (M, K, N) -> the y pass?  (tiles)
         (16384, 512, 8192): True,  # 8192
@@ -280,7 +281,14 @@ def test_statistics_source_rule(monkeypatch):
         (4096, 1024, 1024): True,  # 256: TF32 0.057 -> 0.048 ms with the row without the statistics node
         (2048, 1024, 1024): False,  # 128 tiles: under a wave the y pass lost by 7-28%
         (4224, 1024, 512): False,  # 33 x 4 = 132 tiles: a wave, not past it
-        (4352, 1024, 512): True,  # 34 x 4 = 136
+        (4352, 1024, 512): False,  # 34 x 4 = 136 tiles: 2 waves against the 64x128 grid's 1.5 (272 of them)
+        (4224, 1024, 1024): False,  # 264 tiles, 272 with the cluster: 3 waves against 2 (v25: y pass 1.03-1.09x)
+        (4352, 1024, 1024): (True, False),  # TF32's epilogue runs 128x128 too (0.84x); 16-bit's 64x128: 3 against 2.5
+        (2176, 1024, 2048): (True, False),  # the same at N = 2048 (TF32 0.85x, bf16 1.04x)
+        (1152, 1024, 2048): False,  # 144 tiles (160 with the cluster): 2 waves against 1.5 (1.15x)
+        (3328, 1024, 2048): True,  # 416 tiles: 4 waves against 3.5 in 16-bit, and the y pass still wins (bf16 0.93x)
+        (8576, 1024, 1024): True,  # 544 tiles: 5 against 4.5 (bf16 0.97x)
+        (5248, 1024, 2048): True,  # 672 tiles: 6 against 5 (bf16 0.95-0.97x)
         (2048, 2048, 1024): False,  # 128 tiles, K = 2048
         (4352, 2048, 512): (False, True),  # 136 tiles: 16-bit takes the y pass up to K = 2048 (TF32 does not)
         (3072, 2048, 1024): (False, True),  # 192 tiles: bf16 0.053 -> 0.046 ms

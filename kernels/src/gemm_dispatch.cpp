@@ -33,6 +33,12 @@ bool pads_along_n(TileConfig const& c, int N) {
   return grid_columns > (int64_t(N) + 127) / 128 * 128;
 }
 
+// A launch's time in whole waves of its grid, each weighted by the row's tile area: the measure that compares two
+// rows' grids at short K, where a tile's time goes with its area.
+int64_t wave_cost(TileConfig const& c, int M, int N) {
+  return (grid_tiles(c, M, N, 1) + kWave - 1) / kWave * c.tile_m * c.tile_n;
+}
+
 // The table's first row without the statistics node (configs.h puts row 0's tile there), or -1.
 constexpr int first_row_without_statistics(GemmOperands operands) {
   for (int row = 0; row < config_count(operands); ++row) {
@@ -111,16 +117,22 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
 // Where the training statistics come from. Past a wave of 128x128 tiles with K <= 1024, and in 16-bit K <= 2048,
 // finish_normalize's pass over y costs less than the epilogue's per-tile reductions, since the GEMM without partials
 // takes a row without the statistics node (v24: 4096x1024->1024 TF32 0.057 -> 0.048 ms, 16384x1024->1024 bf16 0.107 ->
-// 0.086, 16-bit K = 2048 0.87-0.94x from 192 tiles); under a wave it lost by 7-28% (the one-wave and small rows keep
-// their node), and TF32 at K = 2048 ran level (0.99-1.05x). Never the split GEMM (its mainloop dwarfs the epilogue).
+// 0.086, 16-bit K = 2048 0.86-0.94x from 192 tiles). But where the epilogue's launch runs 64x128 tiles, its last
+// wave can be fuller than the y pass's 128x128 grid's, and over three waves or fewer that outweighs the node
+// (wave_cost; v25: 4224x1024->1024, 3 waves against 2 waves' worth, the y pass 1.03-1.09x; 1152-1408x1024->2048, 2
+// against 1.5, 1.09-1.15x); from four waves it does not (3328x1024->2048 bf16, 4 against 3.5: 0.93x; 5248x1024->2048
+// bf16, 6 against 5: 0.95-0.97x). Under a wave it lost by 7-28% (the one-wave and small rows keep their node), and
+// TF32 at K = 2048 ran level (0.99-1.05x). Never the split GEMM (its mainloop dwarfs the epilogue).
 // GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
     return forced[0] == 'y';
   }
   const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
-  const int64_t tiles = tiles_128(M, N);
-  return operands != GemmOperands::f32_split && tiles > kWave && (K <= kShortK || (half && K <= 2 * kShortK));
+  if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave || K > (half ? 2 : 1) * kShortK) return false;
+  const TileConfig& y_pass = config_at(operands, select_config(operands, M, N, K, false));
+  const TileConfig& epilogue = config_at(operands, select_config(operands, M, N, K, true));
+  return grid_tiles(y_pass, M, N, 1) > 3 * kWave || wave_cost(y_pass, M, N) <= wave_cost(epilogue, M, N);
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }

@@ -184,7 +184,7 @@ Status finish_normalize_check(const FinishNormalizeArgs& args);
 // The rows per partial of finish_normalize's pass over y (partials_from_y) for dtype, M and N on the current device.
 Status finish_partial_rows(DType dtype, int M, int N, int& rows);
 // Whether the training forward's statistics come from finish_normalize's pass over y (true) or the GEMM's epilogue:
-// the rule (perf/NOTES.md v17), or GEMMBN_STATISTICS_SOURCE=epilogue|y where set (tests, A/B runs).
+// the rule (perf/NOTES.md v17, v24, v25), or GEMMBN_STATISTICS_SOURCE=epilogue|y where set (tests, A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K);
 
 // The training forward in one call: gemm_scale_stats then finish_normalize on the same stream, both
