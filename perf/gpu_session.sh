@@ -31,7 +31,8 @@
 #                     GEMMBN_TUNE_SIZES="M K N;M K N;..."
 #   bench-short-k     perf/bench.py --set short_k, TF32 and bf16, without torch.compile
 #   sweep             perf/bench.py's sweep set, TF32 and bf16, every provider back to back and (no torch.compile)
-#                     synchronized, with perf/report.py's plots where matplotlib is installed
+#                     synchronized, with perf/report.py's tables (disturbed pairs marked against the last committed
+#                     run) and plots where matplotlib is installed
 #   main-job          python -m gemmbn
 #   backward          the backward's GPU tests (tests/test_backward_gpu.py)
 #   train-step        perf/train_step.py: forward + backward (+ SGD step) against eager and torch.compile at
@@ -168,7 +169,11 @@ for name in $steps; do
         | grep "^|" | head -90
       timeout $(limit 150) python3 perf/bench.py --set sweep --configs tf32,bf16 --iters 30 --sync \
         --providers gemmbn,eager,cublas,gemmbn-gemm-only --out "$out/sweep-sync.csv" > "$out/sweep-sync.txt" 2>&1
-      for csv in "$out"/sweep.csv "$out"/sweep-sync.csv; do python3 perf/report.py "$csv" > /dev/null 2>&1; done ;;
+      # The tables mark (‡) the pairs whose eager, compile or cuBLAS times moved from the last committed run of the
+      # same kind (a disturbed device, perf/NOTES.md v24) and count the rest.
+      for csv in "$out"/sweep.csv "$out"/sweep-sync.csv; do
+        python3 perf/report.py "$csv" --earlier-run auto --readme-table "${csv%.csv}.md" 2>&1 | tail -1
+      done ;;
     main-job)
       timeout $(limit 200) python3 -m gemmbn 2>&1 | tee "$out/main.log" | tail -25 ;;
     backward)

@@ -11,7 +11,8 @@ matplotlib the table is still written and the exit status is 1.
 With --earlier-run, a line whose eager, torch.compile or cuBLAS median is more than DISTURBED off the earlier run's
 of the same shape, config and mode is marked ‡: none of them changes with gemmbn's commits (under the same torch), so
 such a line timed a disturbed device (perf/NOTES.md v24: the device's host ran eager and cuBLAS 1.3-4x slow at times).
-The summary line counts the training forward ahead of the best PyTorch path with those lines apart.
+The summary line counts the training forward ahead of the best PyTorch path with those lines apart. `--earlier-run
+auto` takes the newest CSV in perf/results with the same sets, timing and torch and an earlier date.
 """
 
 from __future__ import annotations
@@ -73,6 +74,20 @@ def speedups(rows: list[dict[str, str]], mode: str = "train") -> dict[tuple, flo
         if ("gemmbn", mode) in group and base:
             result[key] = min(base) / float(group[("gemmbn", mode)]["median_ms"])
     return result
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def latest_earlier_run(meta: dict[str, str], directory: Path = RESULTS) -> Path | None:
+    """The newest bench CSV in ``directory`` timed like ``meta``'s run (same sets, timing and torch) before it."""
+    same = ("sets", "timing", "torch")
+    candidates = []
+    for path in directory.glob("*.csv"):
+        other, _ = read(path)
+        if all(other.get(key) == meta.get(key) for key in same) and other.get("date", "") < meta.get("date", ""):
+            candidates.append((other["date"], path))
+    return max(candidates)[1] if candidates else None
 
 
 def disturbed(rows: list[dict[str, str]], earlier: list[dict[str, str]]) -> dict[tuple, list[str]]:
@@ -183,11 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--readme-table", type=Path, help="also write the Markdown table here")
     parser.add_argument("--plot", type=Path, help="PNG path (default: the CSV's path with .png)")
     parser.add_argument("--no-plot", action="store_true")
-    parser.add_argument("--earlier-run", type=Path, help="a bench CSV of the same shapes; marks disturbed lines (‡)")
+    parser.add_argument("--earlier-run", help="a bench CSV of the same shapes, or auto; marks disturbed lines (‡)")
     args = parser.parse_args(argv)
     meta, rows = read(args.csv)
-    earlier = read(args.earlier_run)[1] if args.earlier_run else None
-    table = markdown(meta, rows, earlier, args.earlier_run.name if args.earlier_run else "")
+    if args.earlier_run == "auto":
+        earlier_path = latest_earlier_run(meta)
+    else:
+        earlier_path = Path(args.earlier_run) if args.earlier_run else None
+    if args.earlier_run == "auto" and earlier_path is None:
+        print("report.py: no earlier run of the same sets, timing and torch in perf/results", file=sys.stderr)
+    earlier = read(earlier_path)[1] if earlier_path else None
+    table = markdown(meta, rows, earlier, earlier_path.name if earlier_path else "")
     print(table)
     if args.readme_table:
         args.readme_table.write_text(table + "\n")

@@ -151,6 +151,31 @@ def test_report_marks_lines_whose_unchanging_providers_moved(bench_csv, tmp_path
     assert "of 3 undisturbed pairs; disturbed: 128×1024→512 bf16 (eager 2.00x)." in result.stdout
 
 
+def test_report_finds_the_latest_earlier_run_of_the_same_kind(bench_csv, tmp_path):
+    """--earlier-run auto: the newest CSV with the same sets, timing and torch dated before the run, nothing else."""
+    report = _load("report")
+    meta, _ = report.read(bench_csv)
+    text = bench_csv.read_text()
+
+    def write(name: str, date: str, **changed: str) -> Path:
+        path = tmp_path / name
+        body = text.replace(f"# date: {meta['date']}", f"# date: {date}")
+        for key, value in changed.items():
+            assert f"# {key}: {meta[key]}" in body
+            body = body.replace(f"# {key}: {meta[key]}", f"# {key}: {value}")
+        path.write_text(body)
+        return path
+
+    assert report.latest_earlier_run(meta, tmp_path) is None
+    older = write("older.csv", "2000-01-01T00:00:00+00:00")
+    write("oldest.csv", "1999-01-01T00:00:00+00:00")
+    write("later.csv", "2999-01-01T00:00:00+00:00")
+    write("other-torch.csv", "2001-01-01T00:00:00+00:00", torch="0.0")
+    write("other-sets.csv", "2001-01-01T00:00:00+00:00", sets="sweep")
+    write("other-timing.csv", "2001-01-01T00:00:00+00:00", timing="another method")
+    assert report.latest_earlier_run(meta, tmp_path) == older
+
+
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed (make installs it: the perf extra)")
 def test_report_png(bench_csv, tmp_path):
     png = tmp_path / "speedup.png"
