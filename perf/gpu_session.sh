@@ -37,6 +37,9 @@
 #   backward          the backward's GPU tests (tests/test_backward_gpu.py)
 #   train-step        perf/train_step.py: forward + backward (+ SGD step) against eager and torch.compile at
 #                     issue 16's four shapes, fp32 / TF32 / bf16 (sizes by GEMMBN_TRAIN_SIZES="M K N;...")
+#   statistics-source perf/statistics_source.py without torch.compile, three runs (a disturbed run shows as eager
+#                     far off the others): the y pass against the epilogue where the rule's choice is least measured
+#                     (perf/NOTES.md v25), TF32 and bf16; other sizes by GEMMBN_SOURCE_SIZES="M K N;..."
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
@@ -181,6 +184,14 @@ for name in $steps; do
     train-step)
       timeout $(limit 400) python3 perf/train_step.py ${GEMMBN_TRAIN_SIZES:+--sizes "$GEMMBN_TRAIN_SIZES"} \
         --out "$out/train_step.csv" 2>&1 | tee "$out/train_step.txt" | tail -30 ;;
+    statistics-source)
+      sizes="5120 1024 512;4352 512 512;640 512 8192;384 1024 8192;2560 1024 1024;3072 1024 1024;1536 1024 2048"
+      sizes=${GEMMBN_SOURCE_SIZES:-$sizes}
+      for run in 1 2 3; do
+        timeout $(limit 100) python3 perf/statistics_source.py --no-compile --iters 30 --sizes "$sizes" \
+          --configs tf32,bf16 --out "$out/statistics-source-$run.csv" 2>&1 | tee "$out/statistics-source-$run.txt" \
+          | grep "^|"
+      done ;;
     profile-split)
       timeout $(limit 240) bash perf/ncu/profile.sh "$out/ncu" --split > "$out/ncu.log" 2>&1
       rm -f "$out"/ncu/*.ncu-rep  # the text pages come back; the reports are too large
