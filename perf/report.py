@@ -201,12 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--earlier-run", help="a bench CSV of the same shapes, or auto; marks disturbed lines (‡)")
     args = parser.parse_args(argv)
     meta, rows = read(args.csv)
+    earlier_path = None
     if args.earlier_run == "auto":
         earlier_path = latest_earlier_run(meta)
-    else:
-        earlier_path = Path(args.earlier_run) if args.earlier_run else None
-    if args.earlier_run == "auto" and earlier_path is None:
-        print("report.py: no earlier run of the same sets, timing and torch in perf/results", file=sys.stderr)
+        if earlier_path is None:
+            print("report.py: no earlier run of the same sets, timing and torch in perf/results", file=sys.stderr)
+    elif args.earlier_run:
+        earlier_path = Path(args.earlier_run)
     earlier = read(earlier_path)[1] if earlier_path else None
     table = markdown(meta, rows, earlier, earlier_path.name if earlier_path else "")
     print(table)

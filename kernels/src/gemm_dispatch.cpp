@@ -33,11 +33,11 @@ bool pads_along_n(TileConfig const& c, int N) {
   return grid_columns > (int64_t(N) + 127) / 128 * 128;
 }
 
+// The waves a row's grid spans (a partial last wave counts whole).
+int64_t waves(TileConfig const& c, int M, int N) { return (grid_tiles(c, M, N, 1) + kWave - 1) / kWave; }
 // A launch's time in whole waves of its grid, each weighted by the row's tile area: the measure that compares two
 // rows' grids at short K, where a tile's time goes with its area.
-int64_t wave_cost(TileConfig const& c, int M, int N) {
-  return (grid_tiles(c, M, N, 1) + kWave - 1) / kWave * c.tile_m * c.tile_n;
-}
+int64_t wave_cost(TileConfig const& c, int M, int N) { return waves(c, M, N) * c.tile_m * c.tile_n; }
 
 // The table's first row without the statistics node (configs.h puts row 0's tile there), or -1.
 constexpr int first_row_without_statistics(GemmOperands operands) {
@@ -132,7 +132,7 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave || K > (half ? 2 : 1) * kShortK) return false;
   const TileConfig& y_pass = config_at(operands, select_config(operands, M, N, K, false));
   const TileConfig& epilogue = config_at(operands, select_config(operands, M, N, K, true));
-  return grid_tiles(y_pass, M, N, 1) > 3 * kWave || wave_cost(y_pass, M, N) <= wave_cost(epilogue, M, N);
+  return waves(y_pass, M, N) > 3 || wave_cost(y_pass, M, N) <= wave_cost(epilogue, M, N);
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }
