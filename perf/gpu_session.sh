@@ -39,7 +39,8 @@
 #                     issue 16's four shapes, fp32 / TF32 / bf16 (sizes by GEMMBN_TRAIN_SIZES="M K N;...")
 #   statistics-source perf/statistics_source.py without torch.compile, three runs (a disturbed run shows as eager
 #                     far off the others): the y pass against the epilogue where the rule's choice is least measured
-#                     (perf/NOTES.md v25), TF32 and bf16; other sizes by GEMMBN_SOURCE_SIZES="M K N;..."
+#                     (perf/NOTES.md v25), TF32 and bf16; other sizes by GEMMBN_SOURCE_SIZES="M K N;...", other
+#                     precisions by GEMMBN_SOURCE_CONFIGS (default tf32,bf16)
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
@@ -189,7 +190,7 @@ for name in $steps; do
       sizes=${GEMMBN_SOURCE_SIZES:-$sizes}
       for run in 1 2 3; do
         timeout $(limit 100) python3 perf/statistics_source.py --no-compile --iters 30 --sizes "$sizes" \
-          --configs tf32,bf16 --out "$out/statistics-source-$run.csv" 2>&1 | tee "$out/statistics-source-$run.txt" \
+          --configs "${GEMMBN_SOURCE_CONFIGS:-tf32,bf16}" --out "$out/statistics-source-$run.csv" 2>&1 | tee "$out/statistics-source-$run.txt" \
           | grep "^|"
       done ;;
     profile-split)
