@@ -269,8 +269,8 @@ def test_statistics_source_override(monkeypatch):
 def test_statistics_source_rule(monkeypatch):
     """gemm_dispatch.cpp's rule: finish_normalize's pass over y past a wave (132) of 128x128 tiles for K <= 1024, and
     in 16-bit for K <= 2048, unless its GEMM's grid spans at most three waves and more tile area in waves than the
-    epilogue's (64x128 tiles there); never for the split GEMM; the epilogue elsewhere (perf/NOTES.md v17, v22, v24 and
-    v25 have the measurements)."""
+    epilogue's (64x128 tiles there); TF32 at K > 4096 on the cooperative 128x256 row; never for the split GEMM; the
+    epilogue elsewhere (perf/NOTES.md v17, v22, v24, v25 and v26 have the measurements)."""
     monkeypatch.delenv("GEMMBN_STATISTICS_SOURCE", raising=False)
     from_y = {  # (M, K, N) -> the y pass?  (tiles)
         (16384, 512, 8192): True,  # 8192
@@ -296,6 +296,14 @@ def test_statistics_source_rule(monkeypatch):
         (16384, 2048, 8192): (False, True),
         (16384, 2049, 8192): False,
         (16384, 4096, 4096): False,
+        # K > 4096: TF32's cooperative 128x256 row (N <= 1024) exposes its epilogue; the y pass 0.95-0.99x (v26)
+        (16384, 8192, 512): (True, False),  # 512 tiles: TF32 0.97x, bf16 1.01x
+        (8192, 8192, 1024): (True, False),
+        (6144, 8192, 512): (True, False),  # 192 tiles
+        (8192, 16384, 1024): (True, False),
+        (4096, 8192, 512): False,  # 128 tiles: a one-wave row (TF32 1.035x)
+        (16384, 8192, 2048): False,  # TF32 on the ping-pong 128x128 row: 1.01x
+        (4096, 4096, 1024): False,  # K = 4096 is not past it
     }
     for (M, K, N), expected in from_y.items():
         tf32_expected, half_expected = expected if isinstance(expected, tuple) else (expected, expected)

@@ -21,8 +21,10 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 std::atomic<int64_t> host_marks[kHostMarks] = {};  // host_mark_ns's values
 
 // The shape rules' measures: a wave is 132 SMs on an H100/H200; short K is where a mainloop leaves each tile's fixed
-// cost exposed; problems are counted in 128x128 output tiles.
-constexpr int kWave = 132, kShortK = 1024;
+// cost exposed, long K where the mainloop dwarfs the epilogue; problems are counted in 128x128 output tiles.
+constexpr int kWave = 132, kShortK = 1024, kLongK = 4096;
+// Narrow outputs: x, the large operand at long K, is read once per tile column, so few of them matter.
+constexpr int kNarrowN = 1024;
 int64_t tiles_128(int M, int N) { return ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128); }
 
 // Whether a row's tile grid spans more 128-column blocks along N than the output has: a 256-wide tile, or a 2-CTA
@@ -83,7 +85,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
   constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
-  constexpr int kLongK = 4096, kShorterK = 512, kNarrowN = 1024, kSplitStreamK = 1;
+  constexpr int kShorterK = 512, kSplitStreamK = 1;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int64_t tiles = tiles_128(M, N);
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
@@ -123,15 +125,23 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
 // against 1.5, 1.09-1.15x); from four waves it does not (3328x1024->2048 bf16, 4 against 3.5: 0.93x; 5248x1024->2048
 // bf16, 6 against 5: 0.95-0.97x). Under a wave it lost by 7-28% (the one-wave and small rows keep their node), and
 // TF32 at K = 2048 ran level (0.99-1.05x). Never the split GEMM (its mainloop dwarfs the epilogue).
+// One long-K case too: TF32 with N <= 1024 and K > 4096 past a wave, where both launches run the cooperative 128x256
+// row, whose epilogue (16-column subtiles) follows each tile's mainloop instead of overlapping the next one, so the
+// node's work is in the open: the y pass 0.95-0.99x at nine shapes of 192-1024 tiles with K = 8192-16384; 16-bit's
+// ping-pong rows hide it (1.00-1.09x), and so do TF32's at N = 2048 (1.00-1.01x) (v26).
 // GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
     return forced[0] == 'y';
   }
   const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
-  if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave || K > (half ? 2 : 1) * kShortK) return false;
+  if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave) return false;
   const TileConfig& y_pass = config_at(operands, select_config(operands, M, N, K, false));
   const TileConfig& epilogue = config_at(operands, select_config(operands, M, N, K, true));
+  if (K > kLongK) {
+    return operands == GemmOperands::tf32 && N <= kNarrowN && epilogue.pingpong == 0 && epilogue.tile_n == 256;
+  }
+  if (K > (half ? 2 : 1) * kShortK) return false;
   return waves(y_pass, M, N) > 3 || wave_cost(y_pass, M, N) <= wave_cost(epilogue, M, N);
 }
 
