@@ -17,6 +17,7 @@
 #include "gemmbn/column_moments_node.hpp"
 #include "gemmbn/configs.h"
 #include "gemmbn/device_info.h"
+#include "gemmbn/row_affine_node.hpp"
 #include "gemmbn/split_f16x3_mainloop.hpp"
 
 namespace gemmbn::detail {
@@ -64,7 +65,6 @@ struct GemmScaleStatsKernel {
   using TileShape = Shape<Int<kConfig.tile_m>, Int<kConfig.tile_n>, Int<kConfig.tile_k>>;
   using ClusterShape = Shape<Int<kConfig.cluster_m>, Int<kConfig.cluster_n>, _1>;
   static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows
-  static constexpr auto kRound = cutlass::FloatRoundStyle::round_to_nearest;
   using KernelSchedule = cute::conditional_t<kConfig.pingpong != 0, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                              cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using EpilogueSchedule = cute::conditional_t<kConfig.pingpong != 0, cutlass::epilogue::TmaWarpSpecialized,
@@ -73,21 +73,9 @@ struct GemmScaleStatsKernel {
   using EpilogueTile = cute::conditional_t<kConfig.epilogue_n == 0, cutlass::epilogue::collective::EpilogueTileAuto,
                                            Shape<Int<epilogue_rows(kConfig)>, Int<cute::max(kConfig.epilogue_n, 1)>>>;
 
-  // Epilogue visitor tree, leaves first:
-  using Acc = fusion::Sm90AccFetch;                                      // acc = x @ W^T (split: x @ (2^b W)^T)
-  using Unscale = fusion::Sm90RowBroadcast<0, TileShape, float, float>; // 2^-b[n] (split: W's row scale)
-  using Bias = fusion::Sm90RowBroadcast<0, TileShape, Element, float>;  // b[n]
-  using Scale = fusion::Sm90RowBroadcast<0, TileShape, Element, float>; // s[n]
-  using Gain = fusion::Sm90RowBroadcast<0, TileShape, float, float>;    // gain[n] (eval: folded BN)
-  using Shift = fusion::Sm90RowBroadcast<0, TileShape, float, float>;   // shift[n]
-  using AddBias = cute::conditional_t<kSplit,
-      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::homogeneous_multiply_add, float, float, kRound>,  // acc 2^-b + b
-                      Acc, Unscale, Bias>,
-      fusion::Sm90EVT<fusion::Sm90Compute<cutlass::plus, float, float, kRound>, Acc, Bias>>;        // acc + b
-  using MulScale = fusion::Sm90EVT<fusion::Sm90Compute<cutlass::multiplies, float, float, kRound>,  // (acc + b) s
-                                   AddBias, Scale>;
-  using Affine = fusion::Sm90EVT<  // y = (acc + b) s gain + shift, rounded to Element
-      fusion::Sm90Compute<cutlass::homogeneous_multiply_add, Element, float, kRound>, MulScale, Gain, Shift>;
+  // Epilogue visitor tree: y = ((acc u + b) s) g + h in one node (row_affine_node.hpp; u: the split GEMM's 2^-b[n]),
+  // rounded to Element, then the statistics node where the row has one.
+  using Affine = epilogue::Sm90RowAffine<TileShape, Element, kSplit>;
   // Partial mean, M2 of y as stored (after rounding to Element), so the statistics describe exactly
   // the values finish_normalize normalizes, as PyTorch's BatchNorm sees its (rounded) input. Rows without the
   // statistics node store the affine's result alone.
@@ -158,19 +146,8 @@ struct GemmScaleStatsKernel {
     auto stride_c = cutlass::make_cute_packed_stride(StrideC{}, make_shape(a.M, a.N, 1));
     auto stride_d = cutlass::make_cute_packed_stride(StrideD{}, make_shape(a.M, a.N, 1));
 
-    typename Bias::Arguments bias{static_cast<Element const*>(a.bias), Element(0.f), {}};
-    typename AddBias::Arguments add_bias = [&] {
-      if constexpr (kSplit) return typename AddBias::Arguments{{}, {a.weight_unscale, 1.f, {}}, bias, {}};
-      else return typename AddBias::Arguments{{}, bias, {}};
-    }();
-    typename Affine::Arguments affine{
-        {                                                               // MulScale
-            add_bias,
-            {static_cast<Element const*>(a.scale), Element(1.f), {}},  // Scale
-            {}},
-        {a.gain, 1.f, {}},   // Gain
-        {a.shift, 0.f, {}},  // Shift
-        {}};
+    typename Affine::Arguments affine{static_cast<Element const*>(a.bias), static_cast<Element const*>(a.scale),
+                                      a.gain, a.shift, a.weight_unscale};
     typename Output::Arguments epilogue_tree = [&] {
       if constexpr (kConfig.statistics != 0) {
         return typename Output::Arguments{affine, {a.partial_mean, a.partial_m2, a.batches_tracked}};  // Moments
