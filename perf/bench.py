@@ -218,9 +218,12 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, shap
             continue
         seen.add(shape)
         for config in configs:
+            # gemmbn's plain GEMM is timed in both groups below (its rows carry the group's mode), so each line's
+            # GEMM-only time was taken interleaved with it: across groups, minutes apart under a power-limited
+            # clock, eval looked 3-7% over it at long K where interleaved they match (perf/NOTES.md v26).
             jobs = [("eager", "train"), ("eager", "eval"), ("gemmbn", "train"), ("gemmbn", "eval"),
                     ("compile", "train"), ("compile-max-autotune", "train"), ("cublas", "gemm"),
-                    ("gemmbn-gemm-only", "gemm")]  # fmt: skip
+                    ("gemmbn-gemm-only", "train"), ("gemmbn-gemm-only", "eval")]  # fmt: skip
             jobs = [(p, m) for p, m in jobs if p in chosen]
             if args.providers is None and (set_name not in AUTOTUNE_SETS or config.name not in AUTOTUNE_CONFIGS):
                 jobs = [(p, m) for p, m in jobs if p != "compile-max-autotune"]

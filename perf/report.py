@@ -27,14 +27,19 @@ BASELINES = ("eager", "compile", "compile-max-autotune")
 # line disturbed: v24's undisturbed reruns stayed within ~10%, its disturbed ones were 1.3-4x off.
 UNCHANGING = (("eager", None), ("compile", None), ("cublas", "gemm"))
 DISTURBED = 1.25
-COLUMNS = (  # (provider, mode or None = the row's own mode, title)
+COLUMNS = (  # (provider, mode or None = the line's own mode, title)
     ("gemmbn", None, "gemmbn"),
     ("eager", None, "eager"),
     ("compile", None, "compile"),
     ("compile-max-autotune", None, "max-autotune"),
     ("cublas", "gemm", "cuBLAS GEMM+bias"),
-    ("gemmbn-gemm-only", "gemm", "gemmbn GEMM only"),
+    ("gemmbn-gemm-only", None, "gemmbn GEMM only"),  # runs before v26's: one "gemm" row for both lines
 )
+
+
+def _cell_row(group: dict, provider: str, fixed_mode: str | None, mode: str) -> dict[str, str] | None:
+    """The row a line's column shows: the provider's in the column's mode, else in the line's, else its "gemm" row."""
+    return group.get((provider, fixed_mode or mode)) or group.get((provider, "gemm"))
 
 
 def read(path: Path) -> tuple[dict[str, str], list[dict[str, str]]]:
@@ -133,7 +138,7 @@ def markdown(meta: dict[str, str], rows: list[dict[str, str]], earlier: list[dic
                 continue
             cells = []
             for provider, fixed_mode, _ in COLUMNS:
-                row = group.get((provider, fixed_mode or mode))
+                row = _cell_row(group, provider, fixed_mode, mode)
                 cell = f"{float(row['median_ms']):.3f}" if row else "—"
                 if row and row["note"].startswith("fallback"):
                     cell, fallback_seen = cell + " †", True
@@ -144,7 +149,8 @@ def markdown(meta: dict[str, str], rows: list[dict[str, str]], earlier: list[dic
             cells.append(f"{tflops:.0f}" if tflops >= 100 else f"{tflops:.3g}")
             lines.append(f"| {M}×{K}→{N} | {config} | {mode} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("cuBLAS and GEMM-only columns time the GEMM (+ bias, scale) alone, the same on train and eval lines.")
+    lines.append("cuBLAS times the GEMM + bias alone (with the train lines; the same on eval lines), GEMM-only "
+                 "gemmbn's GEMM with bias and scale, timed interleaved with each line.")
     if fallback_seen:
         lines.append("† the PyTorch fallback ran, not the fused kernels (see the CSV's note column).")
     if earlier is not None:

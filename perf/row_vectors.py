@@ -66,8 +66,8 @@ def main() -> None:
                 median = {v: statistics.median(t) for v, t in zip(VECTOR_SETS, times)}
                 rows.append({"M": M, "K": K, "N": N, "config": config, "row": row, "round": r,
                              **{f"{v}_ms": f"{median[v]:.4f}" for v in VECTOR_SETS}})  # fmt: skip
-                print(f"| {M}×{K}→{N} | {config} | {row} | {r} | " + " | ".join(f"{median[v]:.4f}" for v in VECTOR_SETS)
-                      + " |")  # fmt: skip
+                cells = " | ".join(f"{median[v]:.4f}" for v in VECTOR_SETS)
+                print(f"| {M}×{K}→{N} | {config} | {row} | {r} | {cells} |")
     if args.out:
         with args.out.open("w", newline="") as f:
             f.write(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, gemmbn "

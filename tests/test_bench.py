@@ -151,6 +151,28 @@ def test_report_marks_lines_whose_unchanging_providers_moved(bench_csv, tmp_path
     assert "of 3 undisturbed pairs; disturbed: 128×1024→512 bf16 (eager 2.00x)." in result.stdout
 
 
+def test_report_gemm_only_column_takes_the_lines_own_group():
+    """The GEMM-only column of a train line shows the plain GEMM timed in the train group, of an eval line the one
+    timed in the eval group (bench.py times it in both, perf/NOTES.md v26); a run from before that has one "gemm"
+    row, shown on both lines."""
+    report = _load("report")
+
+    def row(provider, mode, ms):
+        return {"M": "256", "K": "512", "N": "128", "dtype": "bfloat16", "precision": "-", "provider": provider,
+                "mode": mode, "median_ms": str(ms), "note": "", "tflops": "1.0"}  # fmt: skip
+
+    def gemm_only_cells(rows):
+        table = report.markdown({}, rows).splitlines()
+        lines = [line.split("|") for line in table if line.startswith("| 256×512→128 ")]
+        return {cells[3].strip(): cells[9].strip() for cells in lines}  # mode -> the GEMM-only cell
+
+    timed = [row("gemmbn", "train", 3.0), row("gemmbn", "eval", 2.5), row("eager", "train", 4.0),
+             row("eager", "eval", 3.5), row("gemmbn-gemm-only", "train", 1.25), row("gemmbn-gemm-only", "eval", 2.0)]
+    assert gemm_only_cells(timed) == {"train": "1.250", "eval": "2.000"}
+    earlier_method = timed[:4] + [row("gemmbn-gemm-only", "gemm", 1.5)]
+    assert gemm_only_cells(earlier_method) == {"train": "1.500", "eval": "1.500"}
+
+
 def test_report_finds_the_latest_earlier_run_of_the_same_kind(bench_csv, tmp_path):
     """--earlier-run auto: the newest CSV with the same sets, timing and torch dated before the run, nothing else."""
     report = _load("report")
