@@ -85,12 +85,15 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def latest_earlier_run(meta: dict[str, str], directory: Path = RESULTS) -> Path | None:
-    """The newest bench CSV in ``directory`` timed like ``meta``'s run (same sets, timing and torch) before it."""
+    """The newest bench CSV in ``directory`` timed like ``meta``'s run (same sets, timing and torch) before it, among
+    those that timed a provider our commits cannot change (runs of gemmbn alone, A/B runs, cannot mark anything)."""
     same = ("sets", "timing", "torch")
+    unchanging = {provider for provider, _ in UNCHANGING}
     candidates = []
     for path in directory.glob("*.csv"):
-        other, _ = read(path)
-        if all(other.get(key) == meta.get(key) for key in same) and other.get("date", "") < meta.get("date", ""):
+        other, rows = read(path)
+        if (all(other.get(key) == meta.get(key) for key in same) and other.get("date", "") < meta.get("date", "")
+                and any(row.get("provider") in unchanging for row in rows)):
             candidates.append((other["date"], path))
     return max(candidates)[1] if candidates else None
 

@@ -195,6 +195,14 @@ def test_report_finds_the_latest_earlier_run_of_the_same_kind(bench_csv, tmp_pat
     write("other-torch.csv", "2001-01-01T00:00:00+00:00", torch="0.0")
     write("other-sets.csv", "2001-01-01T00:00:00+00:00", sets="sweep")
     write("other-timing.csv", "2001-01-01T00:00:00+00:00", timing="another method")
+    # A run of gemmbn alone (an A/B, say) is no reference: nothing in it can show a disturbed device.
+    gemmbn_only = write("gemmbn-only.csv", "2001-01-01T00:00:00+00:00")
+    lines = gemmbn_only.read_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("set,"))
+    provider = lines[header].split(",").index("provider")
+    kept = [line for line in lines[header + 1:] if line.split(",")[provider] == "gemmbn"]
+    assert kept and len(kept) < len(lines) - header - 1
+    gemmbn_only.write_text("\n".join(lines[: header + 1] + kept) + "\n")
     assert report.latest_earlier_run(meta, tmp_path) == older
 
 
