@@ -190,8 +190,8 @@ for name in $steps; do
       sizes=${GEMMBN_SOURCE_SIZES:-$sizes}
       for run in 1 2 3; do
         timeout $(limit 100) python3 perf/statistics_source.py --no-compile --iters 30 --sizes "$sizes" \
-          --configs "${GEMMBN_SOURCE_CONFIGS:-tf32,bf16}" --out "$out/statistics-source-$run.csv" 2>&1 | tee "$out/statistics-source-$run.txt" \
-          | grep "^|"
+          --configs "${GEMMBN_SOURCE_CONFIGS:-tf32,bf16}" --out "$out/statistics-source-$run.csv" 2>&1 \
+          | tee "$out/statistics-source-$run.txt" | grep "^|"
       done ;;
     profile-split)
       timeout $(limit 240) bash perf/ncu/profile.sh "$out/ncu" --split > "$out/ncu.log" 2>&1

@@ -12,7 +12,6 @@ forward launches (g, h), the training forward (b, s); "none" is the floor the ve
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 import sys
@@ -22,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from models import reference_drop_in_compiled
+from train_step import write_csv
 
 from gemmbn import debug, timing
 
@@ -69,13 +69,10 @@ def main() -> None:
                 cells = " | ".join(f"{median[v]:.4f}" for v in VECTOR_SETS)
                 print(f"| {M}×{K}→{N} | {config} | {row} | {r} | {cells} |")
     if args.out:
-        with args.out.open("w", newline="") as f:
-            f.write(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, gemmbn "
-                    f"{os.environ.get('GEMMBN_COMMIT', 'unknown')}: GEMM without partials, median ms of {args.iters} "
-                    "interleaved calls, L2 flushed before each\n")  # fmt: skip
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        commit = os.environ.get("GEMMBN_COMMIT", "unknown")
+        header = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, gemmbn {commit}: GEMM without partials, "
+                  f"median ms of {args.iters} interleaved calls, L2 flushed before each")  # fmt: skip
+        write_csv(args.out, header, list(rows[0]), rows)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,13 @@ the L2 flushed before each (gemmbn.timing). Prints medians, the y pass's ratio t
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import statistics
 from pathlib import Path
 
 import torch
 from models import reference_drop_in_compiled
+from train_step import write_csv
 
 from gemmbn import debug, timing
 
@@ -73,13 +73,10 @@ def main() -> None:
                   f"{median['y'] / median['epilogue']:.3f} | {median['eager']:.3f} | "
                   f"{compile_ms} | {picks} |")
     if args.out:
-        with args.out.open("w", newline="") as f:
-            f.write(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, gemmbn "
-                    f"{os.environ.get('GEMMBN_COMMIT', 'unknown')}: training forward, median ms of {args.iters} "
-                    "interleaved calls, L2 flushed before each\n")  # fmt: skip
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        commit = os.environ.get("GEMMBN_COMMIT", "unknown")
+        header = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, gemmbn {commit}: training forward, "
+                  f"median ms of {args.iters} interleaved calls, L2 flushed before each")  # fmt: skip
+        write_csv(args.out, header, list(rows[0]), rows)
 
 
 if __name__ == "__main__":

@@ -136,12 +136,12 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   }
   const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
   if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave) return false;
-  const TileConfig& y_pass = config_at(operands, select_config(operands, M, N, K, false));
   const TileConfig& epilogue = config_at(operands, select_config(operands, M, N, K, true));
   if (K > kLongK) {
     return operands == GemmOperands::tf32 && N <= kNarrowN && epilogue.pingpong == 0 && epilogue.tile_n == 256;
   }
   if (K > (half ? 2 : 1) * kShortK) return false;
+  const TileConfig& y_pass = config_at(operands, select_config(operands, M, N, K, false));
   return waves(y_pass, M, N) > 3 || wave_cost(y_pass, M, N) <= wave_cost(epilogue, M, N);
 }
 
