@@ -75,6 +75,7 @@ CONFIGS = {
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", default="kernelbench", help="shape set(s), comma-separated, or 'all'")
+    parser.add_argument("--sizes", help='"M K N;M K N;...": these shapes (set name "sizes") instead of --set')
     providers_help = f"comma-separated subset of {','.join(PROVIDERS)} (default: all that apply; "
     providers_help += "compile-max-autotune only for kernelbench and large_n in tf32 and bf16)"
     parser.add_argument("--providers", help=providers_help)
@@ -207,7 +208,7 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, shap
         chosen = tuple(p for p in chosen if p not in COMPILE_PROVIDERS)
     native = _fused_reason(device) is None
     try:
-        chosen_shapes = shapes.resolve(args.set)
+        chosen_shapes = [("sizes", s) for s in shapes.parse_sizes(args.sizes)] if args.sizes else shapes.resolve(args.set)
     except ValueError as error:
         raise SystemExit(str(error)) from None
     work, seen = [], set()

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import shapes
 from models import reference_drop_in_compiled
 from train_step import write_csv
 
@@ -44,8 +45,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, GEMM without partials, median ms")
     print(f"| M×K→N | config | row | round | {' | '.join(VECTOR_SETS)} |")
     print("|---|---|---:|---:|" + "---:|" * len(VECTOR_SETS))
-    for size in args.sizes.split(";"):
-        M, K, N = map(int, size.split())
+    for M, K, N in shapes.parse_sizes(args.sizes):
         for config in args.configs.split(","):
             dtype = CONFIGS[config]
             _, drop_in, _, x = reference_drop_in_compiled(M, K, N, dtype)

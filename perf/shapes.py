@@ -52,6 +52,14 @@ SETS: dict[str, list[Shape]] = {
 ALL_ORDER = ("kernelbench", "large_n", "tiny", "sweep")
 
 
+def parse_sizes(spec: str) -> list[Shape]:
+    """Shapes from the perf tools' --sizes text, "M K N;M K N;..." (empty entries ignored)."""
+    try:
+        return [Shape(*(int(v) for v in size.split())) for size in spec.split(";") if size.strip()]
+    except (TypeError, ValueError):
+        raise ValueError(f'--sizes wants "M K N;M K N;...", got {spec!r}') from None
+
+
 def resolve(spec: str) -> list[tuple[str, Shape]]:
     """(set name, shape) pairs for a comma-separated list of set names, or "all"."""
     names = ALL_ORDER if spec == "all" else tuple(name.strip() for name in spec.split(","))

@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 
 import torch
+import shapes
 from models import reference_drop_in_compiled
 from train_step import write_csv
 
@@ -53,8 +54,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, training forward, median ms")
     print("| M×K→N | config | epilogue | y pass | y / epilogue | eager | compile | rule picks |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    for size in args.sizes.split(";"):
-        M, K, N = map(int, size.split())
+    for M, K, N in shapes.parse_sizes(args.sizes):
         for config in args.configs.split(","):
             dtype, _ = CONFIGS[config]
             reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype)

@@ -36,7 +36,8 @@ import torch.multiprocessing as mp
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from train_step import CONFIGS, _commit, write_csv  # noqa: E402  (perf/ is not a package)
+import shapes  # noqa: E402  (perf/ is not a package)
+from train_step import CONFIGS, _commit, write_csv  # noqa: E402
 
 import gemmbn  # noqa: E402
 from gemmbn import distributed, timing  # noqa: E402
@@ -144,8 +145,7 @@ def measure(M, K, N, config, providers, iters, device) -> list[dict]:
 def _run(args, device: torch.device) -> None:
     providers = [p for p in args.providers.split(",") if p and (device.type == "cuda" or p not in GPU_ONLY)]
     rows = []
-    for size in args.sizes.split(";"):
-        M, K, N = (int(v) for v in size.split())
+    for M, K, N in shapes.parse_sizes(args.sizes):
         for config in args.configs.split(","):
             rows += measure(M, K, N, config, providers, args.iters, device)
     if dist.get_rank() != 0:

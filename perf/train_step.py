@@ -34,6 +34,7 @@ except ImportError:
     sys.path.insert(0, str(HERE.parent / "python"))
     import gemmbn
 
+import shapes  # noqa: E402  (perf/, on sys.path as the script's folder)
 from gemmbn import timing
 
 # The issue-16 shapes: KernelBench level 2 problem 39, problem 33, a short-K one and a tall one.
@@ -178,9 +179,8 @@ def main(argv=None) -> int:
         print("train_step.py times GPU training steps; no CUDA device here")
         return 1
     providers = [p for p in args.providers.split(",") if p]
-    sizes = [tuple(int(v) for v in size.split()) for size in args.sizes.split(";") if size.strip()]
     rows = []
-    for M, K, N in sizes:
+    for M, K, N in shapes.parse_sizes(args.sizes):
         for config in args.configs.split(","):
             rows += measure(M, K, N, config, args.modes.split(","), providers, args.iters, args.flush, args.sync)
             print(table(rows[-len(providers) * len(args.modes.split(",")):], providers).splitlines()[-1], flush=True)

@@ -248,6 +248,11 @@ def test_shape_sets():
     assert shapes.SETS["short_k"] and all(s.K <= 1024 and s in sweep for s in shapes.SETS["short_k"])
     with pytest.raises(ValueError, match="unknown shape set"):
         shapes.resolve("huge")
+    # --sizes (bench.py and the other perf tools): "M K N;..." in order, empty entries skipped, anything else refused.
+    assert shapes.parse_sizes("256 8192 8192; 4096 2048 8192;") == [(256, 8192, 8192), (4096, 2048, 8192)]
+    for bad in ("256 8192", "256 8192 8192 1", "a b c"):
+        with pytest.raises(ValueError, match="M K N"):
+            shapes.parse_sizes(bad)
 
 
 def test_host_overhead_measures_the_gap_before_the_first_event():
