@@ -24,6 +24,7 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
 #include "gemmbn/moments.cuh"
+#include "gemmbn/no_workspace_node.hpp"
 
 namespace gemmbn::epilogue {
 
@@ -37,41 +38,18 @@ struct ColumnMomentsArguments {
 };
 
 template <class CtaTileShapeMNK>
-struct Sm90ColumnMoments {
+struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
   struct SharedStorage {};
-  using Arguments = ColumnMomentsArguments;
-  using Params = ColumnMomentsArguments;
 
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const& args) {
     return (args.partial_mean == nullptr) == (args.partial_m2 == nullptr);
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
   }
 
   CUTLASS_HOST_DEVICE Sm90ColumnMoments() {}
   CUTLASS_HOST_DEVICE Sm90ColumnMoments(Params const& params, SharedStorage const&) : params(params) {}
 
   Params params;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::detail::ProducerLoadArgs<Args...> const&) {
-    return fusion::detail::EmptyProducerLoadCallbacks{};
-  }
 
   // SubtileCoords: (CPY,CPY_M,CPY_N,EPI_M,EPI_N) CTA-relative (m, n) of each value this thread visits.
   // ColumnSlots:   (CPY,CPY_M,CPY_N) register layout with stride 0 along rows: one slot per column.

@@ -14,6 +14,8 @@
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 #include <cutlass/numeric_conversion.h>
 
+#include "gemmbn/no_workspace_node.hpp"
+
 namespace gemmbn::epilogue {
 
 using namespace cute;
@@ -29,7 +31,10 @@ struct RowAffineArguments {
 };
 
 template <class CtaTileShapeMNK, class Element, bool kUnscale>
-struct Sm90RowAffine {
+struct Sm90RowAffine : NoWorkspaceNode<RowAffineArguments<Element>> {
+  using Base = NoWorkspaceNode<RowAffineArguments<Element>>;
+  using typename Base::Arguments;
+  using typename Base::Params;
   static constexpr int kTileM = decltype(size<0>(CtaTileShapeMNK{}))::value;
   static constexpr int kTileN = decltype(size<1>(CtaTileShapeMNK{}))::value;
   // Float vectors: gain, shift and (split) unscale. b and s stay in Element, as the tree kept them (16-bit rows:
@@ -41,25 +46,10 @@ struct Sm90RowAffine {
     alignas(16) Element bias_scale[2][kTileN];
     alignas(16) float gain_shift[kFloatVectors][kTileN];
   };
-  using Arguments = RowAffineArguments<Element>;
-  using Params = Arguments;
 
-  template <class ProblemShape>
-  static constexpr Params to_underlying_arguments(ProblemShape const&, Arguments const& args, void*) {
-    return args;
-  }
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const&) {
     return true;
-  }
-  template <class ProblemShape>
-  static size_t get_workspace_size(ProblemShape const&, Arguments const&) {
-    return 0;
-  }
-  template <class ProblemShape>
-  static cutlass::Status initialize_workspace(ProblemShape const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
   }
 
   CUTLASS_HOST_DEVICE Sm90RowAffine() {}
@@ -68,14 +58,6 @@ struct Sm90RowAffine {
 
   Params params;
   SharedStorage* smem = nullptr;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::detail::ProducerLoadArgs<Args...> const&) {
-    return fusion::detail::EmptyProducerLoadCallbacks{};
-  }
 
   // ElementView / FloatView: (CPY,CPY_M,CPY_N,EPI_M,EPI_N) shared-memory views of one vector, stride 0 along rows.
   // Registers: (CPY,CPY_M,CPY_N) float, one entry per column the thread visits in a subtile.
