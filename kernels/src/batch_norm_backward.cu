@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "gemmbn/api.h"
+#include "gemmbn/cooperative_launch.cuh"
 #include "gemmbn/device_info.h"
 #include "gemmbn/elementwise.cuh"
 #include "gemmbn/work_items.h"
@@ -436,6 +437,7 @@ __device__ void zero_maxima(BackwardParams<T> const& p) {
 // batch_norm_backward: the phases, a grid barrier after each of the first three (the same for every block).
 template <class T, bool kTransposed = false>
 __global__ void __launch_bounds__(kThreads, 2) batch_norm_backward_kernel(BackwardParams<T> p) {
+  wait_for_preceding_grids();  // dout and the forward's tensors (a programmatic launch)
   if constexpr (kTransposed) zero_maxima(p);
   column_sums(p);
   cg::this_grid().sync();  // orders phase 1's partials before phase 2's reads
@@ -569,9 +571,8 @@ Status batch_norm_backward(const BatchNormBackwardArgs& a, cudaStream_t stream) 
                           a.dz_column_max_bits};
       p.column_sums_out = a.column_sums_out, p.local_sums = a.local_sums, p.global_sums = a.global_sums;
       p.global_rows = a.global_rows;
-      void* kernel_args[] = {&p};
-      cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&batch_norm_backward_kernel<T, decltype(transposed)::value>),
-                                                  dim3(plan.blocks), dim3(kThreads), kernel_args, 0, stream);
+      cudaError_t e = launch_cooperative(&batch_norm_backward_kernel<T, decltype(transposed)::value>, plan.blocks,
+                                         kThreads, p, stream);
       return Status::from_cuda(e, "launching batch_norm_backward (cooperative)");
     });
   });

@@ -19,6 +19,7 @@
 #include <algorithm>
 
 #include "gemmbn/api.h"
+#include "gemmbn/cooperative_launch.cuh"
 #include "gemmbn/device_info.h"
 #include "gemmbn/elementwise.cuh"
 #include "gemmbn/work_items.h"
@@ -282,6 +283,7 @@ template <class T, bool kFromY = false, FinishMode kMode = FinishMode::normalize
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
   static_assert(!(kFromY && kMode == FinishMode::from_ranks), "the ranks' moments are the partials");
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
+  wait_for_preceding_grids();  // the GEMM's y, partials and batches_tracked (a programmatic launch)
   if constexpr (kFromY) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && p.batches_tracked != nullptr) ++*p.batches_tracked;  // the GEMM did not
     partials_of_y(p);
@@ -374,10 +376,8 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
                     static_cast<T*>(a.running_var), a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean,
                     a.save_invstd, merge_columns, work.stripes, work.rows_per_chunk, static_cast<int>(work.items),
                     kRanks ? a.rank_moments : nullptr, kRanks ? 3 * N : N, a.moments};
-  void* kernel_args[] = {&p};
-  cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel),
-                                              dim3(blocks), dim3(kThreads), kernel_args, 0, stream);
-  return Status::from_cuda(e, "launching finish_normalize (cooperative)");
+  return Status::from_cuda(launch_cooperative(kernel, blocks, kThreads, p, stream),
+                           "launching finish_normalize (cooperative)");
 }
 
 }  // namespace
