@@ -14,10 +14,10 @@
 
 namespace gemmbn {
 
-// Returns once every grid this one depends on has completed and its memory is visible (at once after a plain
-// launch).
+// Returns once every grid this one depends on has completed and its memory is visible. Compiled only where the
+// launches are programmatic, so that the default build's kernels are the plain launch's, instruction for instruction.
 __device__ __forceinline__ void wait_for_preceding_grids() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if GEMMBN_PROGRAMMATIC_LAUNCH && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
