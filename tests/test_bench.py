@@ -326,3 +326,26 @@ def test_sync_step_times_every_rank_on_the_cpu(tmp_path):
         assert float(r["slowest_rank_median_ms"]) >= float(r["median_ms"])
         expected = float(r["slowest_rank_median_ms"]) / single[r["mode"]]
         assert abs(float(r["over_gemmbn_single"]) - expected) <= 1e-3 * expected + 1e-3
+
+
+def test_sass_diff_hashes_each_kernel_without_its_addresses(monkeypatch):
+    sass_diff = _load("sass_diff")
+    listings = {
+        "a.so": "\tcode for sm_90a\n\t\tFunction : kernel_one\n        /*0000*/   MOV R1, c[0x0][0x28] ;\n"
+                "\t\tFunction : kernel_two\n        /*0000*/   EXIT ;\n",
+        # kernel_one at other addresses (the same code placed elsewhere), kernel_two changed
+        "b.so": "\tcode for sm_90a\n\t\tFunction : kernel_one\n        /*0a30*/   MOV R1, c[0x0][0x28] ;\n"
+                "\t\tFunction : kernel_two\n        /*0000*/   BRA 0x10 ;\n",
+    }  # fmt: skip
+
+    def fake_run(command, **_):
+        return subprocess.CompletedProcess(command, 0, stdout=listings[command[-1]], stderr="")
+
+    monkeypatch.setattr(sass_diff.subprocess, "run", fake_run)
+    a, b = sass_diff.kernel_hashes("a.so"), sass_diff.kernel_hashes("b.so")
+    assert set(a) == set(b) == {"kernel_one", "kernel_two"}
+    assert a["kernel_one"] == b["kernel_one"] and a["kernel_two"] != b["kernel_two"]
+    monkeypatch.setattr(sys, "argv", ["sass_diff.py", "a.so", "b.so"])
+    assert sass_diff.main() == 1
+    monkeypatch.setattr(sys, "argv", ["sass_diff.py", "a.so", "a.so"])
+    assert sass_diff.main() == 0
