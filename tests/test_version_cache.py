@@ -5,6 +5,7 @@ kind of change the caches promise to see. The GPU tests check both caches' value
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 import torch
@@ -65,6 +66,42 @@ def test_an_entry_goes_with_its_key_tensor():
     assert len(cache._entries) == 1
     del key
     gc.collect()
+    assert not cache._entries
+
+
+def test_an_entry_goes_with_any_of_its_tensors_and_a_hit_needs_the_same_tensors():
+    cache, make = VersionCache(), _Maker()
+    key, other = torch.randn(4), torch.randn(4)
+    first = cache.get(key, (key, other), None, make)
+    # Another tensor object over the same storage with the same version counter (a view): not the tensor the value
+    # was made from, so no hit.
+    alias = other.view(4)
+    assert alias.data_ptr() == other.data_ptr() and alias._version == other._version
+    assert cache.get(key, (key, alias), None, make) is not first and make.calls == 2
+    del other  # the first entry's tensor: gone with the entry already replaced, nothing to evict
+    gc.collect()
+    assert len(cache._entries) == 1
+    del alias  # a tensor of the kept entry, not its key: the entry goes with it
+    gc.collect()
+    assert not cache._entries
+
+
+def test_an_eviction_inside_the_locked_section_does_not_deadlock():
+    # The collector may free a cached tensor (and run its eviction callback) while get holds the lock, when an
+    # allocation there triggers a collection: the lock must be reentrant.
+    cache, make = VersionCache(), _Maker()
+    key = torch.randn(4)
+    cache.get(key, (key,), None, make)
+    (index, entry), = cache._entries.items()
+
+    def evict_while_locked():
+        with cache._lock:
+            cache._evict(index, entry.signature)
+
+    worker = threading.Thread(target=evict_while_locked, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive(), "the eviction blocked on the lock its own thread holds"
     assert not cache._entries
 
 
