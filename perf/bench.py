@@ -88,6 +88,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--sync", action="store_true", help="synchronize before each timed call (KernelBench's method)")
     args = parser.parse_args(argv)
+    if args.sizes:
+        args.set = "sizes"  # the set name the rows, the metadata and the default CSV name carry
     args.iters = 10 if args.quick else max(args.iters, 10)
     args.warmup = 2 if args.quick else 3  # cudagraph trees (max-autotune) replay from the third call
     if args.device == "auto":
@@ -208,7 +210,7 @@ def plan(args: argparse.Namespace, device: torch.device) -> list[tuple[str, shap
         chosen = tuple(p for p in chosen if p not in COMPILE_PROVIDERS)
     native = _fused_reason(device) is None
     try:
-        chosen_shapes = [("sizes", s) for s in shapes.parse_sizes(args.sizes)] if args.sizes else shapes.resolve(args.set)
+        chosen_shapes = [(args.set, s) for s in shapes.parse_sizes(args.sizes)] if args.sizes else shapes.resolve(args.set)
     except ValueError as error:
         raise SystemExit(str(error)) from None
     work, seen = [], set()

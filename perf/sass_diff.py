@@ -27,7 +27,7 @@ def kernel_hashes(library: str) -> dict[str, str]:
             current = function.group(1)
             bodies[current] = []
         elif current is not None:
-            bodies[current].append(re.sub(r"/\*[0-9a-f]{4}\*/", "", line))  # the /*0a30*/ address comments
+            bodies[current].append(re.sub(r"/\*[0-9a-f]{4,}\*/", "", line))  # the /*0a30*/ address comments
     return {name: hashlib.md5("\n".join(body).encode()).hexdigest() for name, body in bodies.items()}
 
 
