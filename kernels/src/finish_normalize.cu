@@ -3,6 +3,8 @@
 // One cooperative launch in two phases separated by a grid-wide barrier (three with partials_from_y):
 //   0. partials from y (where the GEMM ran without its statistics node): per work item of phase 2, the item's
 //      rows' mean and M2 per column, and num_batches_tracked incremented;
+//      (the product variant: the buffer holds x W^T alone, cuBLAS's, and every read of it forms y = (v + b) s
+//      rounded to T, the value the training GEMM's epilogue would have stored)
 //   1. statistics: each column's partials are merged once (not once per block), in one read, its mean
 //      and invstd saved and its running statistics updated;
 //   2. normalize: every block streams rows of y through out = y * alpha[n] + delta[n].
@@ -62,7 +64,28 @@ struct FinishParams {
   const float* partial_count = nullptr;
   int64_t partial_stride = 0;
   float* moments_out = nullptr;
+  // The product variant: y holds x W^T; bias (may be null) and scale make y = (y + bias) scale, written to pre_norm
+  // (may alias y; null: not kept) by phase 2.
+  const T* bias = nullptr;
+  const T* scale = nullptr;
+  T* pre_norm = nullptr;
 };
+
+// y = (v + b) s rounded to T (fp32 arithmetic, as the GEMM epilogue's): what the product variant reads for a stored v.
+template <class T>
+__device__ __forceinline__ float product_to_y(float v, float b, float s) {
+  return to_float(from_float<T>((v + b) * s));
+}
+
+// The product variant's b and s of a thread's V columns starting at vector_col (b = 0 without bias).
+template <class T, int V>
+__device__ __forceinline__ void load_bias_scale(FinishParams<T> const& p, int vector_col, float (&b)[V], float (&s)[V]) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    b[i] = p.bias ? to_float(p.bias[vector_col + i]) : 0.f;
+    s[i] = to_float(p.scale[vector_col + i]);
+  }
+}
 
 // What a launch makes: the normalized output (phase 2, the training forward), this batch's per-column moments
 // alone (phase 1's statistics, for a collective between ranks), or the output with the statistics of the ranks'
@@ -73,7 +96,7 @@ enum class FinishMode { normalize, moments, from_ranks };
 // rows): partial_mean[chunk, n], partial_m2[chunk, n] = mean and M2 of y as stored over the chunk's rows, as the
 // GEMM's epilogue makes them per tile. Welford's update per thread over its rows (fp32: stable where the first rows
 // lie far out), then Chan's merge of a column's kRowsPerPass threads in a fixed order in fp64, rounded to fp32.
-template <class T>
+template <class T, bool kProduct>
 __device__ void partials_of_y(FinishParams<T> const& p) {
   using Vec = Vector16<T>;
   constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;
@@ -88,6 +111,8 @@ __device__ void partials_of_y(FinishParams<T> const& p) {
     float mean[V] = {}, m2[V] = {};
     int count = 0;
     if (vector_col < p.N) {
+      float bias[V], scale[V];
+      if constexpr (kProduct) load_bias_scale(p, vector_col, bias, scale);
       for (int64_t r = row_begin + row_in_pass; r < row_end; r += kRowsPerPass * kUnroll) {
         Vec v[kUnroll];
 #pragma unroll
@@ -100,7 +125,9 @@ __device__ void partials_of_y(FinishParams<T> const& p) {
           const float inverse = 1.f / static_cast<float>(++count);
 #pragma unroll
           for (int i = 0; i < V; ++i) {
-            const float value = v[u].get(i), delta = value - mean[i];
+            float value = v[u].get(i);
+            if constexpr (kProduct) value = product_to_y<T>(value, bias[i], scale[i]);
+            const float delta = value - mean[i];
             mean[i] = fmaf(delta, inverse, mean[i]);
             m2[i] = fmaf(delta, value - mean[i], m2[i]);
           }
@@ -223,7 +250,8 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
 //   alpha = gamma invstd, delta = beta - mean alpha   (fp32, as PyTorch's BatchNorm forms them)
 // kLastRowsFirst (the y-pass variant): the items and each chunk's rows last first, so that the first reads find the
 // rows phase 0 read last still in L2 (0.3-4% off the y-pass forward, never slower: perf/NOTES.md v18).
-template <class T, bool kLastRowsFirst = false>
+// kProduct: y = (v + b) s first (product_to_y), written to pre_norm where kept.
+template <class T, bool kLastRowsFirst = false, bool kProduct = false>
 __device__ void normalize_rows(FinishParams<T> const& p) {
   using Vec = Vector16<T>;
   constexpr int kCols = kLanesPerRow * Vec::kSize;  // columns per stripe
@@ -254,6 +282,8 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
     float alpha[Vec::kSize], delta[Vec::kSize];
 #pragma unroll
     for (int i = 0; i < Vec::kSize; ++i) alpha[i] = alpha_s[lane * Vec::kSize + i], delta[i] = delta_s[lane * Vec::kSize + i];
+    float bias[Vec::kSize], scale[Vec::kSize];
+    if constexpr (kProduct) load_bias_scale(p, vector_col, bias, scale);
     const int64_t row_begin = chunk * p.rows_per_chunk;
     const int64_t row_end = min(p.M, row_begin + p.rows_per_chunk);
     const int64_t last_pass = row_begin + (row_end - row_begin - 1) / kPassRows * kPassRows;
@@ -269,6 +299,11 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t row = r + u * kRowsPerPass;
         if (row >= row_end) continue;
+        if constexpr (kProduct) {
+#pragma unroll
+          for (int i = 0; i < Vec::kSize; ++i) v[u].set(i, product_to_y<T>(v[u].get(i), bias[i], scale[i]));
+          if (p.pre_norm != nullptr) v[u].store(p.pre_norm + row * p.N + vector_col);
+        }
 #pragma unroll
         for (int i = 0; i < Vec::kSize; ++i) v[u].set(i, fmaf(v[u].get(i), alpha[i], delta[i]));
         v[u].store(p.out + row * p.N + vector_col);
@@ -278,15 +313,16 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
 }
 
 // finish_normalize: [phase 0 (partials from y), grid barrier,] phase 1 (column statistics), grid barrier, phase 2
-// (normalize; FinishMode::moments stops after phase 1). Cooperative launch.
-template <class T, bool kFromY = false, FinishMode kMode = FinishMode::normalize>
+// (normalize; FinishMode::moments stops after phase 1). Cooperative launch. kProduct: the product variant.
+template <class T, bool kFromY = false, FinishMode kMode = FinishMode::normalize, bool kProduct = false>
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
   static_assert(!(kFromY && kMode == FinishMode::from_ranks), "the ranks' moments are the partials");
+  static_assert(!kProduct || (kFromY && kMode == FinishMode::normalize), "the product variant makes its partials");
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
   wait_for_preceding_grids();  // the GEMM's y, partials and batches_tracked (a programmatic launch)
   if constexpr (kFromY) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && p.batches_tracked != nullptr) ++*p.batches_tracked;  // the GEMM did not
-    partials_of_y(p);
+    partials_of_y<T, kProduct>(p);
     cg::this_grid().sync();  // orders the partials and the count before phase 1's reads
   }
   switch (p.merge_columns) {
@@ -296,7 +332,7 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
   }
   if constexpr (kMode == FinishMode::moments) return;  // every block: no phase 2
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
-  normalize_rows<T, /*kLastRowsFirst=*/kFromY>(p);
+  normalize_rows<T, /*kLastRowsFirst=*/kFromY, kProduct>(p);
 }
 
 }  // namespace
@@ -308,6 +344,11 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
   if (a.M < (ranks || a.moments ? 1 : 2)) return Status::invalid("batch statistics need M >= 2 rows");
   if (a.N < 1 || a.tile_rows < 1) return Status::invalid("N and tile_rows must be positive");
   if (a.N % (16 / dtype_size(a.dtype)) != 0) return Status::invalid("N must be a multiple of 16 bytes of the dtype");
+  if (a.product_scale && (!a.partials_from_y || a.moments || ranks)) {
+    return Status::invalid("product_scale (y holds x W^T alone) needs partials_from_y and a normalizing launch");
+  }
+  if (!a.product_scale && (a.product_bias || a.pre_norm)) return Status::invalid("product_bias and pre_norm need product_scale");
+  if (a.pre_norm && !is_aligned16(a.pre_norm)) return Status::invalid("pre_norm must be 16-byte aligned");
   if (ranks && (a.ranks < 1 || a.partials_from_y)) {
     return Status::invalid("rank_moments needs ranks >= 1 and takes the partials' place (no partials_from_y)");
   }
@@ -349,7 +390,7 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
   return Status::success();
 }
 
-template <class T, bool kFromY, FinishMode kMode = FinishMode::normalize>
+template <class T, bool kFromY, FinishMode kMode = FinishMode::normalize, bool kProduct = false>
 Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   WorkItems work{};
   int max_blocks = 0;
@@ -360,9 +401,9 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   const int merge_columns = merge_columns_for(a.N);
   const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
   int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
-  constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kMode>;
-  if constexpr (kMode != FinishMode::normalize) {  // a cooperative grid within its own variant's residency (the
-    int resident = 0;                              // work items stay finish_work's; blocks loop over any excess)
+  constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kMode, kProduct>;
+  if constexpr (kMode != FinishMode::normalize || kProduct) {  // a cooperative grid within its own variant's
+    int resident = 0;  // residency (the work items stay finish_work's; blocks loop over any excess)
     if (Status s = finish_resident_blocks<kernel>(resident); !s) return s;
     blocks = std::min(blocks, resident);
   }
@@ -375,7 +416,9 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
                     static_cast<const T*>(a.gamma), static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean),
                     static_cast<T*>(a.running_var), a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean,
                     a.save_invstd, merge_columns, work.stripes, work.rows_per_chunk, static_cast<int>(work.items),
-                    kRanks ? a.rank_moments : nullptr, kRanks ? 3 * N : N, a.moments};
+                    kRanks ? a.rank_moments : nullptr, kRanks ? 3 * N : N, a.moments,
+                    static_cast<const T*>(a.product_bias), static_cast<const T*>(a.product_scale),
+                    static_cast<T*>(a.pre_norm)};
   return Status::from_cuda(launch_cooperative(kernel, blocks, kThreads, p, stream),
                            "launching finish_normalize (cooperative)");
 }
@@ -403,6 +446,11 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
       return a.partials_from_y ? launch_finish<T, true, FinishMode::moments>(a, stream)
                                : launch_finish<T, false, FinishMode::moments>(a, stream);
     }
+#if GEMMBN_CUBLAS_PRODUCT  // the experiment's variant (CMake GEMMBN_CUBLAS_PRODUCT; perf/NOTES.md v28)
+    if (a.product_scale) return launch_finish<T, true, FinishMode::normalize, true>(a, stream);
+#else
+    if (a.product_scale) return Status::invalid("the product variant needs a build with GEMMBN_CUBLAS_PRODUCT=ON");
+#endif
     return a.partials_from_y ? launch_finish<T, true>(a, stream) : launch_finish<T, false>(a, stream);
   });
 }

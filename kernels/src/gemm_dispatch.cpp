@@ -12,6 +12,10 @@
 #include "gemmbn/device_info.h"
 #include "gemmbn/gemm_runners.h"
 
+#ifndef GEMMBN_CUBLAS_PRODUCT  // CMake sets it (0 or 1)
+#define GEMMBN_CUBLAS_PRODUCT 0
+#endif
+
 namespace gemmbn {
 
 namespace {
@@ -143,6 +147,23 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (K > (half ? 2 : 1) * kShortK) return false;
   const TileConfig& y_pass = config_at(operands, select_config(operands, M, N, K, false));
   return waves(y_pass, M, N) > 3 || wave_cost(y_pass, M, N) <= wave_cost(epilogue, M, N);
+}
+
+// Where the training forward's product comes from: cuBLAS (the operators call torch's mm; the finish's product variant
+// adds bias and scale and takes the statistics from y) or gemmbn's GEMM. cuBLAS's long-K kernels (a 256x128 tile with
+// half our L2 traffic per flop, perf/NOTES.md v22) outrun ours by more than the y pass costs over the epilogue's
+// partials in 16-bit at K = 8192 from 256 to 2048 tiles of 128x128 (4-32 M outputs): 0.92-0.98x at 12 of the grid's 16
+// shapes there, 0.99-1.01x at the other 4 (M x N = 1024x4096, 4096x1024, 8192x512, 16384x512). Below 256 tiles the
+// y pass's fixed cost loses (4096x8192->512 1.14x), past 2048 cuBLAS's own kernels do (16384x8192->4096 1.05x), and at
+// K <= 4096 it is a wash (0.95-1.06x by shape, no pattern). Never float32: TF32 would need torch's precision. An
+// experiment, compiled in by CMake GEMMBN_CUBLAS_PRODUCT (off; else never): the same forward synchronized ran 2-5%
+// slower (cuBLAS's host path) and the training step no faster (v28).
+// GEMMBN_TRAIN_PRODUCT=cublas|gemmbn overrides it in 16-bit (tests run both; perf A/B runs).
+bool train_product_by_cublas(GemmOperands operands, int M, int N, int K) {
+  if (!GEMMBN_CUBLAS_PRODUCT || (operands != GemmOperands::bf16 && operands != GemmOperands::f16)) return false;
+  if (const char* forced = std::getenv("GEMMBN_TRAIN_PRODUCT"); forced && *forced) return forced[0] == 'c';
+  const int64_t tiles = tiles_128(M, N);
+  return K > kLongK && tiles >= 256 && tiles <= 2048;
 }
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }

@@ -34,9 +34,12 @@ struct Worst {
 
 // The partials' source: the GEMM epilogue's (given, exact per tile), or the y-pass variant's own pass (per row chunk
 // of its work items, over NaN poison, batches_tracked incremented; its phase 2 walks rows last first), or three
-// ranks' moments (the synchronized forward's two launches: run_ranks).
-enum Source { kEpilogue, kYPass, kRanks };
-const char* source_name(Source s) { return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : "3 ranks"; }
+// ranks' moments (the synchronized forward's two launches: run_ranks), or the product variant's pass (the buffer holds
+// x W^T alone, a cuBLAS product; the variant forms y = (v + b) s, takes the y pass over it and writes y back in place).
+enum Source { kEpilogue, kYPass, kRanks, kProduct };
+const char* source_name(Source s) {
+  return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : "product";
+}
 
 // The epilogue's partials of rows [begin, end) of y [*, N]: mean and M2 per tile of tile_rows rows, in fp64, rounded
 // to fp32.
@@ -114,7 +117,7 @@ bool run_ranks(const Case& c, const std::vector<T>& y, std::vector<T>& out, Fini
 
 template <class T>
 Worst run_case(const Case& c, Source source) {
-  const bool from_y = source == kYPass;
+  const bool product = source == kProduct, from_y = source == kYPass || product;
   const int64_t M = c.M;
   const int N = c.N;
   std::mt19937_64 rng(1234);
@@ -129,7 +132,21 @@ Worst run_case(const Case& c, Source source) {
     running_var[n] = from_float<T>(float(1 + 0.5 * std::fabs(normal(rng))));
   }
   const std::vector<T> running_mean0 = running_mean, running_var0 = running_var;
-  auto value = [&](int64_t m, int n) { return double(to_float(y[m * N + n])); };  // y as stored
+  // The product variant's operands: the buffer holds z with (z + b) s near y's values (scales of both signs, 0.3-3 in
+  // size, every fifth column without a sign flip's luck); `stored` is y as the GEMM epilogue would store it.
+  std::vector<T> bias(N), scale(N), stored = y;
+  if (product) {
+    for (int n = 0; n < N; ++n) {
+      bias[n] = from_float<T>(float(3 * normal(rng)));
+      scale[n] = from_float<T>(float((n % 3 ? 1 : -1) * (0.3 + std::fabs(normal(rng)))));
+    }
+    for (int64_t i = 0; i < M * N; ++i) {
+      const int n = int(i % N);
+      y[i] = from_float<T>(float(to_float(stored[i]) / to_float(scale[n]) - to_float(bias[n])));
+      stored[i] = from_float<T>((to_float(y[i]) + to_float(bias[n])) * to_float(scale[n]));
+    }
+  }
+  auto value = [&](int64_t m, int n) { return double(to_float(stored[m * N + n])); };  // y as stored
 
   // The partials as the GEMM's epilogue defines them: mean and M2 of y as stored per tile, rounded to fp32.
   const WorkItems work = work_items(M, N, kLanesPerRow * Vector16<T>::kSize, c.resident_blocks, kRowsPerPass * kUnroll);
@@ -163,9 +180,23 @@ Worst run_case(const Case& c, Source source) {
                     gamma.data(), beta.data(), running_mean.data(), running_var.data(), &batches_tracked,
                     c.cumulative, momentum, eps, save_mean.data(), save_invstd.data(), merge_columns_for(N),
                     work.stripes, work.rows_per_chunk, int(work.items)};
-  bool ranks_agree = true;
+  bool ranks_agree = true, y_written = true;
   if (source == kRanks) {
     ranks_agree = run_ranks(c, y, out, p);
+  } else if (product) {
+    p.bias = c.offset == 0 ? bias.data() : nullptr, p.scale = scale.data(), p.pre_norm = y.data();  // y in place
+    if (!p.bias) {  // without a bias: y = v s
+      for (int64_t i = 0; i < M * N; ++i) stored[i] = from_float<T>(to_float(y[i]) * to_float(scale[i % N]));
+      for (int n = 0; n < N; ++n) {  // the statistics of the new stored values
+        double sum = 0, squares = 0;
+        for (int64_t m = 0; m < M; ++m) sum += value(m, n);
+        mean64[n] = sum / M;
+        for (int64_t m = 0; m < M; ++m) squares += (value(m, n) - mean64[n]) * (value(m, n) - mean64[n]);
+        var64[n] = squares / M;
+      }
+    }
+    emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true, FinishMode::normalize, true>(p); });
+    y_written = std::memcmp(y.data(), stored.data(), M * N * sizeof(T)) == 0;  // pre_norm: y as stored, bitwise
   } else if (source == kYPass) {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true>(p); });
   } else {
@@ -203,6 +234,7 @@ Worst run_case(const Case& c, Source source) {
   if (from_y && batches_tracked != 5) worst.running = 1e30;  // the y pass must count the batch, once
   if (source == kRanks && batches_tracked != 5) worst.running = 1e30;  // the caller counts it, not the launches
   if (!ranks_agree) worst.running = 1e30;  // every rank holds bitwise the same statistics
+  if (!y_written) worst.out = 1e30;        // the product variant's kept y is the epilogue's, bit for bit
   return worst;
 }
 
@@ -266,7 +298,7 @@ int main() {
   };
   bool ok = check_fold<float>("float32") & check_fold<__nv_bfloat16>("bfloat16") & check_fold<__half>("float16");
   for (const Case& c : cases) {
-    for (Source source : {kEpilogue, kYPass, kRanks}) {
+    for (Source source : {kEpilogue, kYPass, kRanks, kProduct}) {
       ok &= check<float>("float32", c, source);
       ok &= check<__nv_bfloat16>("bfloat16", c, source);
       ok &= check<__half>("float16", c, source);

@@ -177,6 +177,13 @@ struct FinishNormalizeArgs {
   float* moments = nullptr;
   const float* rank_moments = nullptr;
   int ranks = 0;
+  // The product variant (partials_from_y, a normalizing launch; product_scale given selects it): y holds x W^T alone,
+  // a vendor GEMM's (train_product_by_cublas), and every read of it forms y = (y + product_bias) product_scale rounded
+  // to the dtype, the training GEMM's y; pre_norm (may alias y; null: not kept) receives that y. product_bias may be
+  // null.
+  const void* product_bias = nullptr;
+  const void* product_scale = nullptr;
+  void* pre_norm = nullptr;
 };
 Status finish_normalize(const FinishNormalizeArgs& args, cudaStream_t stream);
 // finish_normalize's argument checks alone (what it would refuse), without a launch.
@@ -186,6 +193,11 @@ Status finish_partial_rows(DType dtype, int M, int N, int& rows);
 // Whether the training forward's statistics come from finish_normalize's pass over y (true) or the GEMM's epilogue:
 // the rule (perf/NOTES.md v17, v24, v25), or GEMMBN_STATISTICS_SOURCE=epilogue|y where set (tests, A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K);
+// Whether the training forward's product x W^T is cuBLAS's (the operators call torch's mm into y, then finish_normalize's
+// product variant: bias, scale, statistics from y) rather than gemm_scale_stats's: the rule (perf/NOTES.md v28), or
+// GEMMBN_TRAIN_PRODUCT=cublas|gemmbn where set (tests, A/B runs). Only 16-bit operands, and only in a build with CMake
+// GEMMBN_CUBLAS_PRODUCT=ON (an experiment; otherwise always false).
+bool train_product_by_cublas(GemmOperands operands, int M, int N, int K);
 
 // The training forward in one call: gemm_scale_stats then finish_normalize on the same stream, both
 // calls' arguments checked before the first launch, so a refused call launches nothing (no running
