@@ -20,6 +20,7 @@ from _gpu import CONFIGS, DEVICE, fused_path, require_extension
 from _gpu import model as _model
 from _gpu import rand_x as _x
 
+import gemmbn.ops
 from gemmbn import debug
 from gemmbn.precision import float32_matmul_precision
 from gemmbn.reference import float64_forward
@@ -217,6 +218,7 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
     (fp16), under the output tolerances. (tests/test_finish_emulated.py checks both sources at mean/std 1e4 in every
     dtype against the statistics of y as stored.)"""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source)
+    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")  # gemmbn's GEMM: the source is what is tested here
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=1.0)
     with torch.no_grad():  # z's spread per column with x ~ U[0, 1): sqrt(sum_k W[n, k]^2 / 12)
@@ -235,6 +237,81 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
     assert model.bn.num_batches_tracked.item() == 1
     assert torch.equal(out, again)
     assert torch.equal(model.bn.running_var, second.bn.running_var)
+
+
+# The training forward's product by cuBLAS (api.h: train_product_by_cublas; forced through GEMMBN_TRAIN_PRODUCT, which
+# the operator reads per call): torch's mm writes x W^T, the finish's product variant adds bias, scales, takes the
+# statistics from y and, when the backward keeps y, writes it. 16-bit only (the rule never takes it for float32).
+PRODUCT_CASES = [case for case in SOURCE_CASES if case.values[0] != torch.float32] + [
+    pytest.param(torch.bfloat16, "highest", (1000, 512, 264), id="bf16-1000x512x264"),
+    pytest.param(torch.float16, "highest", (2, 512, 264), id="fp16-2x512x264"),
+]
+
+
+def _force_cublas_product(monkeypatch):
+    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "cublas")
+    if not debug.train_product_by_cublas("bfloat16", 16384, 512, 8192):
+        pytest.skip("built without CMake GEMMBN_CUBLAS_PRODUCT (the experiment of perf/NOTES.md v28)")
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize(("dtype", "precision", "shape"), PRODUCT_CASES)
+def test_cublas_product_matches_float64(dtype, precision, shape, bias, monkeypatch):
+    """test_statistics_sources_match_float64's check (far-out means and first rows; the batch counted once; the same
+    bits twice) with the product forced to cuBLAS, and y as the backward keeps it: the module's y rounded once from
+    (x W^T + b) s, where x W^T was rounded first (as eager's addmm then mul)."""
+    _force_cublas_product(monkeypatch)
+    M, K, N = shape
+    model = _model(dtype, precision, K, N, momentum=1.0, bias=bias)
+    with torch.no_grad():
+        spread = model.gemm.weight.double().square().sum(1).div(12).sqrt()
+        if bias:
+            model.gemm.bias[::4] = ({torch.bfloat16: 4.0, torch.float16: 8.0}[dtype] * spread[::4]).to(dtype)
+        model.scale[3::7] *= -1  # negative scales flip a column: the product variant must scale, not fold, them
+    x = _x(M, K, dtype)
+    x[: max(1, M // 64)] *= 20
+    second = copy.deepcopy(model)
+    eager = reference_copy(model)
+    out64, bn64 = float64_forward(model, x)
+    with fused_path(), torch.no_grad():
+        out, again = model(x), second(x)
+        eager_out = eager(x)
+    # x W^T is rounded before (. + b) s is (eager's addmm then mul, not the epilogue's one rounding), so an element of
+    # the 20x first rows may be off by twice the one-rounding bound: held to eager's own worst element there.
+    eager_worst = (eager_out.double() - out64).abs().max().item()
+    limit = output_tolerance(dtype, precision).limit * (TINY_BATCH_FACTOR if M < TINY_BATCH_ROWS else 1)
+    assert torch.isfinite(out).all() and relative_error(out, out64) <= limit, "training output (cuBLAS product)"
+    worst = (out.double() - out64).abs().max().item()
+    assert worst <= max(10 * limit * out64.square().mean().sqrt().item(), 2 * eager_worst), (worst, eager_worst)
+    for name in ("running_mean", "running_var"):
+        _assert_close_to_float64(getattr(model.bn, name), getattr(bn64, name), dtype, precision, name, M)
+    assert model.bn.num_batches_tracked.item() == 1
+    assert torch.equal(out, again)
+    assert torch.equal(model.bn.running_var, second.bn.running_var)
+    # y as kept for the backward (keep_pre_norm): the same normalized output, and y itself against float64's.
+    vectors = dict(bias=model.gemm.bias, scale=model.scale, gamma=model.bn.weight, beta=model.bn.bias)
+    with fused_path(), torch.no_grad():
+        kept_out, y, _, _ = gemmbn.ops.linear_scale_bn_train(
+            x, model.gemm.weight, vectors["bias"], vectors["scale"], vectors["gamma"], vectors["beta"], None, None,
+            None, 0.1, model.bn.eps, precision, True,
+        )  # fmt: skip
+    # Per element: x W^T rounded to the dtype (unit roundoff u of its size), then (. + b) s rounded again (u of y), with
+    # fp32 sums (K 2^-24 of sum |x w| s); twice that, as the first rows (20x the others) rule out a norm-wise check.
+    z64, s64 = x.double() @ model.gemm.weight.double().t(), model.scale.double()
+    y64 = (z64 + (model.gemm.bias.double() if bias else 0)) * s64
+    u = {torch.bfloat16: 2.0**-9, torch.float16: 2.0**-12}[dtype]
+    sums = x.double().abs() @ model.gemm.weight.double().abs().t() * s64.abs()
+    bound = 2 * (u * ((z64 * s64).abs() + y64.abs()) + K * 2.0**-24 * sums)
+    assert torch.isfinite(y).all() and ((y.double() - y64).abs() <= bound).all(), "kept y (cuBLAS product)"
+    assert torch.equal(kept_out, out)
+
+
+@pytest.mark.parametrize(("dtype", "precision", "shape"), [case for case in MID_CASES if case.values[0] != torch.float32])
+def test_cublas_product_gradients_match_float64(dtype, precision, shape, monkeypatch):
+    """test_gradients_match_float64's training check with the product forced to cuBLAS: the backward reads the y that
+    the product variant wrote."""
+    _force_cublas_product(monkeypatch)
+    test_gradients_match_float64(dtype, precision, shape, True)
 
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])

@@ -313,6 +313,37 @@ def test_statistics_source_rule(monkeypatch):
         assert not debug.train_statistics_from_y("float32", M, N, K, split=True), (M, K, N)
 
 
+def test_cublas_product_rule(monkeypatch):
+    """gemm_dispatch.cpp's rule for the training forward's product: in a build with CMake GEMMBN_CUBLAS_PRODUCT,
+    cuBLAS's in 16-bit at K > 4096 from 256 to 2048 tiles of 128x128 (perf/NOTES.md v28's grid), gemmbn's elsewhere and
+    always in float32, GEMMBN_TRAIN_PRODUCT forcing either in 16-bit only; in any other build, gemmbn's always."""
+    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "cublas")
+    built = debug.train_product_by_cublas("bfloat16", 16384, 512, 8192)
+    monkeypatch.delenv("GEMMBN_TRAIN_PRODUCT")
+    cublas = {  # (M, K, N) -> cuBLAS's product in 16-bit?  (tiles)
+        (16384, 8192, 512): True,  # 512
+        (4096, 8192, 2048): True,  # 512
+        (512, 8192, 8192): True,  # 256
+        (16384, 8192, 2048): True,  # 2048
+        (4096, 8192, 8192): True,  # 2048
+        (4096, 8192, 512): False,  # 128: the y pass's fixed cost (1.14x)
+        (256, 8192, 8192): False,  # 128
+        (16384, 8192, 4096): False,  # 4096: cuBLAS's kernel there lost (1.05x)
+        (16384, 4096, 4096): False,  # K = 4096
+        (4096, 4096, 8192): False,
+        (4096, 2048, 8192): False,
+    }
+    for (M, K, N), expected in cublas.items():
+        for dtype in ("bfloat16", "float16"):
+            assert debug.train_product_by_cublas(dtype, M, N, K) == (expected and built), (dtype, M, K, N)
+        assert not debug.train_product_by_cublas("float32", M, N, K), (M, K, N)
+    for forced, expected in (("cublas", True), ("gemmbn", False)):
+        monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", forced)
+        for M, K, N in ((128, 512, 264), (16384, 8192, 512)):
+            assert debug.train_product_by_cublas("bfloat16", M, N, K) == (expected and built)
+            assert not debug.train_product_by_cublas("float32", M, N, K)
+
+
 def test_the_native_clock_is_pythons_monotonic_clock():
     """host_mark_ns (perf/host_overhead.py --mark) is compared with time.clock_gettime_ns(CLOCK_MONOTONIC): the
     native reading lies between two Python readings around it; in a CPU process no mark has been passed, and an

@@ -67,6 +67,12 @@ bool train_statistics_from_y(std::string dtype, int64_t M, int64_t N, int64_t K,
                                          checked_int(K, "K"));
 }
 
+// Whether the training forward's product is cuBLAS's (api.h: train_product_by_cublas; GEMMBN_TRAIN_PRODUCT overrides).
+bool train_product_by_cublas(std::string dtype, int64_t M, int64_t N, int64_t K) {
+  return gemmbn::train_product_by_cublas(parse_operands(dtype, false), checked_int(M, "M"), checked_int(N, "N"),
+                                         checked_int(K, "K"));
+}
+
 // The host clock (CLOCK_MONOTONIC, ns) at this process's last GEMM launch (0: none yet), and now (api.h).
 // mark: a gemmbn::HostMark's number (0: the operator entered, 1: the GEMM's checks done, 2: the GEMM enqueued).
 int64_t host_mark_ns(int64_t mark) {
@@ -212,6 +218,7 @@ STABLE_TORCH_LIBRARY(gemmbn_debug, m) {
   m.def("gemm_selected_config(str dtype, int M, int N, int K, bool split, bool statistics) -> int");
   m.def("gemm_selected_splits(int M, int N) -> int");
   m.def("train_statistics_from_y(str dtype, int M, int N, int K, bool split) -> bool");
+  m.def("train_product_by_cublas(str dtype, int M, int N, int K) -> bool");
   m.def("host_mark_ns(int mark) -> int");
   m.def("monotonic_ns() -> int");
   m.def("gemm_workspace_bytes(str dtype, int M, int N, int K, int config, bool split, int splits, "
@@ -237,6 +244,7 @@ STABLE_TORCH_LIBRARY_IMPL(gemmbn_debug, CompositeExplicitAutograd, m) {
   m.impl("gemm_selected_config", TORCH_BOX(&gemm_selected_config));
   m.impl("gemm_selected_splits", TORCH_BOX(&gemm_selected_splits));
   m.impl("train_statistics_from_y", TORCH_BOX(&train_statistics_from_y));
+  m.impl("train_product_by_cublas", TORCH_BOX(&train_product_by_cublas));
   m.impl("host_mark_ns", TORCH_BOX(&host_mark_ns));
   m.impl("monotonic_ns", TORCH_BOX(&monotonic_ns));
   m.impl("gemm_workspace_bytes", TORCH_BOX(&gemm_workspace_bytes));

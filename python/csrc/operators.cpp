@@ -5,6 +5,7 @@
 // device, so a forward or backward crosses from Python into C++ once. Operands the kernels only read may be views
 // of any layout (operator_support.h: readable); a refused call writes nothing the caller holds.
 // The kernels' math is in kernels/include/gemmbn/api.h; python/gemmbn/fused.py is the Python side.
+#include <array>
 #include <tuple>
 #include <vector>
 
@@ -16,20 +17,25 @@ using namespace gemmbn_operators;
 
 // The training GEMM and the finish reading its y and partials: the statistics' partials per tile of the GEMM's
 // epilogue or per row chunk of the finish's pass over y (the rule, api.h: train_statistics_from_y), in `scratch`,
-// which is allocated here (reserve anything else in it first); y allocated. The caller sets the finish's uses of
-// the statistics (out, or moments) and launches both (api.h: train_forward).
+// which is allocated here (reserve anything else in it first); y allocated. Where `cublas_allowed` and the rule says
+// so (api.h: train_product_by_cublas), the product is cuBLAS's instead: torch's mm writes x W^T into y and the
+// finish's product variant applies bias and scale and takes the statistics from y. The caller sets the finish's uses
+// of the statistics (out, or moments) and launches both (launch_training).
 struct TrainingLaunch {
   gemmbn::GemmScaleStatsArgs gemm;
   gemmbn::FinishNormalizeArgs finish;
   Tensor y;
+  bool cublas_product;
 };
 TrainingLaunch training_launch(Tensor& x, Tensor& weight, OptionalTensor& bias, OptionalTensor& scale,
                                const OptionalTensor& weight_split, const OptionalTensor& weight_unscale,
-                               const Problem& p, Scratch& scratch) {
+                               const Problem& p, Scratch& scratch, bool cublas_allowed) {
   std::optional<size_t> x_scale_at;
   gemmbn::GemmScaleStatsArgs g = gemm_arguments(x, weight, bias, scale, weight_split, weight_unscale, p, scratch, x_scale_at);
   const int64_t M = g.M, N = g.N;
-  const bool from_y = gemmbn::train_statistics_from_y(gemmbn::gemm_operands(g), g.M, g.N, g.K);
+  const gemmbn::GemmOperands operands = gemmbn::gemm_operands(g);
+  const bool cublas = cublas_allowed && g.scale && gemmbn::train_product_by_cublas(operands, g.M, g.N, g.K);
+  const bool from_y = cublas || gemmbn::train_statistics_from_y(operands, g.M, g.N, g.K);
   int tile_rows = 0;
   if (from_y) {
     raise_on_error(gemmbn::finish_partial_rows(p.kernel_dtype, g.M, g.N, tile_rows));
@@ -44,7 +50,7 @@ TrainingLaunch training_launch(Tensor& x, Tensor& weight, OptionalTensor& bias, 
   const size_t partials_at = scratch.add(sizeof(float) * 2 * tiles * N);
   static float statistics_marker;  // the workspace query reads only whether partials are given
   if (!from_y) g.partial_mean = g.partial_m2 = &statistics_marker;
-  const std::optional<size_t> workspace_at = reserve_workspace(g, scratch);
+  const std::optional<size_t> workspace_at = cublas ? std::nullopt : reserve_workspace(g, scratch);
   scratch.allocate(x);
   bind_scratch(g, scratch, x_scale_at, workspace_at);
   g.y = y.data_ptr();
@@ -55,7 +61,31 @@ TrainingLaunch training_launch(Tensor& x, Tensor& weight, OptionalTensor& bias, 
   f.partial_mean = scratch.at<float>(partials_at);
   f.partial_m2 = f.partial_mean + tiles * N;
   if (!from_y) g.partial_mean = f.partial_mean, g.partial_m2 = f.partial_m2;
-  return {g, f, y};
+  if (cublas) f.product_bias = g.bias, f.product_scale = g.scale;
+  return {g, f, y, cublas};
+}
+
+// y = x W^T by cuBLAS: torch's aten::mm.out (x, weight [N, K] as they are; W^T a view), on torch's current stream.
+void cublas_product(const Tensor& x, const Tensor& weight, const Tensor& y) {
+  std::array<StableIValue, 3> stack{torch::stable::detail::from(x),
+                                    torch::stable::detail::from(torch::stable::transpose(weight, 0, 1)),
+                                    torch::stable::detail::from(y)};
+  if (torch_call_dispatcher("aten::mm", "out", stack.data(), TORCH_ABI_VERSION) != AOTI_TORCH_SUCCESS) {
+    throw std::runtime_error("gemmbn: torch's mm (the training forward's cuBLAS product) failed");
+  }
+  (void)torch::stable::detail::to<Tensor>(stack[0]);  // the returned y's handle, released
+}
+
+// The training forward's launches, every check before the first (a refused call runs nothing): gemm_scale_stats then
+// finish_normalize (api.h: train_forward), or cuBLAS's product then the finish's product variant.
+void launch_training(const TrainingLaunch& t, const Tensor& x, const Tensor& weight, const Problem& p) {
+  if (!t.cublas_product) {
+    raise_on_error(gemmbn::train_forward(t.gemm, t.finish, current_stream(p.device)));
+    return;
+  }
+  raise_on_error(gemmbn::finish_normalize_check(t.finish));
+  cublas_product(x, weight, t.y);
+  raise_on_error(gemmbn::finish_normalize(t.finish, current_stream(p.device)));
 }
 
 // The finish's uses of the batch statistics: gamma, beta, the running statistics (momentum=None averages cumulatively
@@ -88,9 +118,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   torch::stable::accelerator::DeviceGuard guard(p.device);
   Scratch scratch;
   OptionalTensor scale_read = scale;
-  auto [g, f, y] = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch);
-  // Normalize in place unless y itself is kept for the backward.
+  TrainingLaunch t = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, true);
+  auto& [g, f, y, cublas] = t;
+  // Normalize in place unless y itself is kept for the backward (the product variant then writes it over x W^T).
   Tensor out = keep_pre_norm ? empty(x, {g.M, g.N}, p.dtype) : y;
+  if (cublas && keep_pre_norm) f.pre_norm = y.data_ptr();
   Tensor save_mean = empty(x, {g.N}, ScalarType::Float);
   Tensor save_invstd = empty(x, {g.N}, ScalarType::Float);
   f.out = out.data_ptr();
@@ -98,7 +130,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   f.save_invstd = static_cast<float*>(save_invstd.data_ptr());
   bind_statistics_uses(f, gamma, beta, running_mean, running_var, num_batches_tracked, momentum, eps, p);
   if (!f.partials_from_y) g.batches_tracked = f.batches_tracked;  // the launch that counts the batch
-  raise_on_error(gemmbn::train_forward(g, f, current_stream(p.device)));
+  launch_training(t, x, weight, p);
   Tensor pre_norm = keep_pre_norm ? y : empty(x, {0}, p.dtype);
   return {out, pre_norm, save_mean, save_invstd};
 }
@@ -112,7 +144,8 @@ std::tuple<Tensor, Tensor> train_moments(Tensor x, Tensor weight, OptionalTensor
   torch::stable::accelerator::DeviceGuard guard(p.device);
   Scratch scratch;
   OptionalTensor scale_read = scale;
-  auto [g, f, y] = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch);
+  // The moments launch has no phase 2 to apply the product's bias and scale: gemmbn's GEMM always.
+  auto [g, f, y, cublas] = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, false);
   Tensor moments = empty(x, {3, g.N}, ScalarType::Float);
   f.moments = static_cast<float*>(moments.data_ptr());
   raise_on_error(gemmbn::train_forward(g, f, current_stream(p.device)));

@@ -68,6 +68,13 @@ def train_statistics_from_y(dtype: str, M: int, N: int, K: int, split: bool = Fa
     return _ops().train_statistics_from_y(dtype, M, N, K, split)
 
 
+def train_product_by_cublas(dtype: str, M: int, N: int, K: int) -> bool:
+    """Whether the training forward's product x W^T is cuBLAS's (torch's mm, then finish_normalize's product variant:
+    bias, scale, statistics from y) rather than gemmbn's GEMM: the rule, or GEMMBN_TRAIN_PRODUCT=cublas|gemmbn where
+    set (16-bit only)."""
+    return _ops().train_product_by_cublas(dtype, M, N, K)
+
+
 HOST_MARKS = ("operator_entered", "gemm_launching", "gemm_enqueued")
 
 
