@@ -82,7 +82,7 @@ template <class T, int V>
 __device__ __forceinline__ void load_bias_scale(FinishParams<T> const& p, int vector_col, float (&b)[V], float (&s)[V]) {
 #pragma unroll
   for (int i = 0; i < V; ++i) {
-    b[i] = p.bias ? to_float(p.bias[vector_col + i]) : 0.f;
+    b[i] = static_cast<float>(load_or(p.bias, vector_col + i, 0.0));
     s[i] = to_float(p.scale[vector_col + i]);
   }
 }

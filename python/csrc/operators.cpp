@@ -19,13 +19,12 @@ using namespace gemmbn_operators;
 // epilogue or per row chunk of the finish's pass over y (the rule, api.h: train_statistics_from_y), in `scratch`,
 // which is allocated here (reserve anything else in it first); y allocated. Where `cublas_allowed` and the rule says
 // so (api.h: train_product_by_cublas), the product is cuBLAS's instead: torch's mm writes x W^T into y and the
-// finish's product variant applies bias and scale and takes the statistics from y. The caller sets the finish's uses
-// of the statistics (out, or moments) and launches both (launch_training).
+// finish's product variant (finish.product_scale set) applies bias and scale and takes the statistics from y. The
+// caller sets the finish's uses of the statistics (out, or moments) and launches both (launch_training).
 struct TrainingLaunch {
   gemmbn::GemmScaleStatsArgs gemm;
   gemmbn::FinishNormalizeArgs finish;
   Tensor y;
-  bool cublas_product;
 };
 TrainingLaunch training_launch(Tensor& x, Tensor& weight, OptionalTensor& bias, OptionalTensor& scale,
                                const OptionalTensor& weight_split, const OptionalTensor& weight_unscale,
@@ -62,7 +61,7 @@ TrainingLaunch training_launch(Tensor& x, Tensor& weight, OptionalTensor& bias, 
   f.partial_m2 = f.partial_mean + tiles * N;
   if (!from_y) g.partial_mean = f.partial_mean, g.partial_m2 = f.partial_m2;
   if (cublas) f.product_bias = g.bias, f.product_scale = g.scale;
-  return {g, f, y, cublas};
+  return {g, f, y};
 }
 
 // y = x W^T by cuBLAS: torch's aten::mm.out (x, weight [N, K] as they are; W^T a view), on torch's current stream.
@@ -79,7 +78,7 @@ void cublas_product(const Tensor& x, const Tensor& weight, const Tensor& y) {
 // The training forward's launches, every check before the first (a refused call runs nothing): gemm_scale_stats then
 // finish_normalize (api.h: train_forward), or cuBLAS's product then the finish's product variant.
 void launch_training(const TrainingLaunch& t, const Tensor& x, const Tensor& weight, const Problem& p) {
-  if (!t.cublas_product) {
+  if (!t.finish.product_scale) {
     raise_on_error(gemmbn::train_forward(t.gemm, t.finish, current_stream(p.device)));
     return;
   }
@@ -119,10 +118,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> train_forward(
   Scratch scratch;
   OptionalTensor scale_read = scale;
   TrainingLaunch t = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, true);
-  auto& [g, f, y, cublas] = t;
+  auto& [g, f, y] = t;
   // Normalize in place unless y itself is kept for the backward (the product variant then writes it over x W^T).
   Tensor out = keep_pre_norm ? empty(x, {g.M, g.N}, p.dtype) : y;
-  if (cublas && keep_pre_norm) f.pre_norm = y.data_ptr();
+  if (f.product_scale && keep_pre_norm) f.pre_norm = y.data_ptr();
   Tensor save_mean = empty(x, {g.N}, ScalarType::Float);
   Tensor save_invstd = empty(x, {g.N}, ScalarType::Float);
   f.out = out.data_ptr();
@@ -145,7 +144,7 @@ std::tuple<Tensor, Tensor> train_moments(Tensor x, Tensor weight, OptionalTensor
   Scratch scratch;
   OptionalTensor scale_read = scale;
   // The moments launch has no phase 2 to apply the product's bias and scale: gemmbn's GEMM always.
-  auto [g, f, y, cublas] = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, false);
+  auto [g, f, y] = training_launch(x, weight, bias, scale_read, weight_split, weight_unscale, p, scratch, false);
   Tensor moments = empty(x, {3, g.N}, ScalarType::Float);
   f.moments = static_cast<float*>(moments.data_ptr());
   raise_on_error(gemmbn::train_forward(g, f, current_stream(p.device)));
