@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from _helpers import GRAD_TOLERANCE, grads, make_pair
+from _helpers import GRAD_TOLERANCE, SAME_OPS, grads, make_pair
 
 from gemmbn import backward, linear_scale_batch_norm
 
@@ -106,3 +106,47 @@ def test_forward_keeps_one_activation(trainable, kept):
     assert sum(t.shape == (M, N) for t in saved) == kept
     out.backward(torch.randn_like(out))
     assert drop_in.bn.bias.grad is not None
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_native_first_records_the_graph(monkeypatch, training):
+    """The module's native-first call (ops._apply_eager: autograd's C++ apply without Function.apply's Python
+    wrapper) records the same graph as the public apply: on the CPU, with the native operators replaced by the
+    reference (same arguments and results), the output, running statistics and every gradient match nn's modules,
+    and each forward went through the C++ apply once."""
+    from gemmbn import fused, ops, reference
+
+    def train_operator(x, weight, bias, scale, gamma, beta, rm, rv, nbt, momentum, eps, split, unscale, keep):
+        with torch.no_grad():  # the real operator's results carry no autograd history either
+            return reference.linear_scale_batch_norm(
+                x, weight, bias, scale, gamma, beta, rm, rv, nbt, True, momentum, eps, keep_pre_norm=keep
+            )
+
+    def eval_forward(x, weight, bias, scale, gamma, beta, rm, rv, eps, gemm_kind):
+        with torch.no_grad():
+            return reference.linear_scale_batch_norm(x, weight, bias, scale, gamma, beta, rm, rv, None, False, None, eps)[0]
+
+    monkeypatch.setattr(ops, "fused_unavailable_reason", lambda x: None)
+    monkeypatch.setattr(fused, "operator", lambda name: {"train_forward": train_operator}[name])
+    monkeypatch.setattr(fused, "eval_forward", eval_forward)
+    monkeypatch.setattr(backward, "FUSED", False)  # the reference backward: the graph is what is under test
+    applied = []
+    for function, apply in list(ops._CPP_APPLY.items()):
+        monkeypatch.setitem(ops._CPP_APPLY, function, lambda *a, f=function, apply=apply: applied.append(f) or apply(*a))
+    reference_module, drop_in = make_pair(K, N, dtype=torch.float32, precision="high")
+    for module in (reference_module, drop_in):
+        module.train(training)
+        with torch.no_grad():  # non-trivial running statistics for eval mode
+            module.bn.running_mean.copy_(torch.linspace(-1, 1, N))
+            module.bn.running_var.copy_(torch.linspace(0.5, 2, N))
+    x = torch.rand(M, K) * 2 - 0.5
+    expected, actual = grads(reference_module, x), grads(drop_in, x)
+    assert applied == [ops._TrainFunction if training else ops._EvalFunction]
+    with torch.no_grad():
+        torch.testing.assert_close(drop_in(x), reference_module(x), **SAME_OPS[torch.float32])
+    assert applied == [ops._TrainFunction if training else ops._EvalFunction]  # no graph, no apply
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(drop_in.bn, name), getattr(reference_module.bn, name), **SAME_OPS[torch.float32])
+    assert actual.keys() == expected.keys()
+    for name, grad in expected.items():
+        torch.testing.assert_close(actual[name], grad, **GRAD_TOLERANCE[torch.float32], msg=lambda m, n=name: f"{n}: {m}")

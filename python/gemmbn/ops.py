@@ -45,6 +45,17 @@ def _requires_grad(*tensors: Optional[Tensor]) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
+def _apply_eager(function, run, *args):
+    """function.apply(run, *args) for a call in eager mode (never traced; args[0] is x): straight into autograd's C++
+    apply where no functorch transform is active and x is no functorch wrapper. Function.apply's Python wrapper
+    around it (a check for setup_context and a pass over the arguments unwrapping functorch's dead wrappers, which
+    only a tensor made under a transform can be) costs ~3 us a training forward on a fast host, ~3x that on the
+    H200's (perf/NOTES.md v29); the module's own parameters are never such wrappers, so x is the one argument checked."""
+    if torch._C._are_functorch_transforms_active() or torch._C._functorch.is_functorch_wrapped_tensor(args[0]):
+        return function.apply(run, *args)
+    return _CPP_APPLY[function](run, *args)
+
+
 # --- training (batch statistics) --------------------------------------------------------------
 
 
@@ -245,10 +256,12 @@ def forward_train(
     ``native_first``: straight to the operator, raising Refused where it refuses (_train_native)."""
     args = (x, weight, bias, scale, gamma, beta, running_mean, running_var, num_batches_tracked,
             momentum, eps, precision)  # fmt: skip
-    run = _train_native if native_first else _run_train
-    if _requires_grad(x, weight, bias, scale, gamma, beta):
-        return _TrainFunction.apply(run, *args, _requires_grad(x, weight, bias, scale, gamma))
-    return run(*args, False)[0]
+    keep_pre_norm = _requires_grad(x, weight, bias, scale, gamma)
+    if not keep_pre_norm and not _requires_grad(beta):
+        return (_train_native if native_first else _run_train)(*args, False)[0]
+    if native_first:  # eager by construction (the module's call)
+        return _apply_eager(_TrainFunction, _train_native, *args, keep_pre_norm)
+    return _TrainFunction.apply(_run_train, *args, keep_pre_norm)
 
 
 # --- eval (running statistics) ----------------------------------------------------------------
@@ -368,7 +381,12 @@ def forward_eval(
 ) -> Tensor:
     """Differentiable linear_scale_bn_eval (same arguments; ``native_first`` as forward_train's)."""
     args = (x, weight, bias, scale, gamma, beta, running_mean, running_var, eps, precision)
-    run = _eval_native if native_first else _run_eval
-    if _requires_grad(x, weight, bias, scale, gamma, beta):
-        return _EvalFunction.apply(run, *args)
-    return run(*args)
+    if not _requires_grad(x, weight, bias, scale, gamma, beta):
+        return (_eval_native if native_first else _run_eval)(*args)
+    if native_first:  # eager by construction (the module's call)
+        return _apply_eager(_EvalFunction, _eval_native, *args)
+    return _EvalFunction.apply(_run_eval, *args)
+
+
+# autograd's C++ apply, which Function.apply calls through super() after its Python checks (_apply_eager).
+_CPP_APPLY = {function: super(torch.autograd.Function, function).apply for function in (_TrainFunction, _EvalFunction)}
