@@ -1,7 +1,7 @@
 """Host (CPU) time per training (or, with --eval, eval) forward at a small shape, where the host sets the pace.
 
     python perf/host_overhead.py [--size M K N] [--dtype float32|bfloat16] [--calls 2000] [--profile] [--launch]
-                                 [--mark] [--eval]
+                                 [--mark] [--eval] [--grad] [--no-compile]
 
 For gemmbn, eager and torch.compile: wall time of `calls` forwards issued back to back with one
 synchronization at the end, divided by `calls`. While the GPU work per forward is shorter than the
@@ -19,6 +19,8 @@ enqueued) and the call's start and return are read on the same clock; medians ov
 GPU (synchronized: KernelBench's case, issue 17's ≤ 15 µs target) and over calls back to back. Beside them, the same
 clock around eager's whole call and around a bare torch.mm of the same operands (one dispatcher call and one cuBLAS
 launch): the floor this host sets for any library's first launch.
+--grad: the calls record autograd's graph, as a training loop's forward does (the parameters require grad; the outputs
+are dropped); without it every call runs under torch.no_grad().
 --eval: every module in eval mode (running statistics; gemmbn's fold cached by eval_fold_cache), and --profile's
 native calls are the eval operators: eval_forward (fold inside), eval_affine and eval_forward_folded.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import cProfile
 import pstats
 import statistics
@@ -185,11 +188,28 @@ def call_us(fn, calls: int) -> float:
 def print_host_marks(drop_in, reference, x, calls: int) -> None:
     """--mark's table: gemmbn's host path split at its marks, beside eager's call and a bare torch.mm."""
     print("  gemmbn's host path, us from the call's start (median; no profiler):")
-    print(f"    {'':14s} {'operator':>9s} {'GEMM checks':>12s} {'GEMM':>9s} {'return':>9s}")
-    print(f"    {'':14s} {'entered':>9s} {'done':>12s} {'enqueued':>9s} {'':>9s}")
+    print(f"    {'':28s} {'operator':>9s} {'GEMM checks':>12s} {'GEMM':>9s} {'return':>9s}")
+    print(f"    {'':28s} {'entered':>9s} {'done':>12s} {'enqueued':>9s} {'':>9s}")
     for label, synchronized in (("synchronized", True), ("back to back", False)):
         marks = host_marks_us(lambda: drop_in(x), calls, synchronized)
-        print(f"    {label:14s} {marks[0]:9.1f} {marks[1]:12.1f} {marks[2]:9.1f} {marks[3]:9.1f}")
+        print(f"    {label:28s} {marks[0]:9.1f} {marks[1]:12.1f} {marks[2]:9.1f} {marks[3]:9.1f}")
+    if not drop_in.training:
+        return print_bare_calls(reference, x, calls)
+    # The module's operator called straight from Python with the same tensors: its "entered" is the dispatcher's part
+    # of the module's, the rest of which is gemmbn's Python.
+    weight, bias, scale, gamma, beta = module_parameters(drop_in)
+    bn = drop_in.bn
+    operator = _native.operators().train_forward
+    for label, synchronized in (("operator alone, synchronized", True), ("operator alone, back to back", False)):
+        marks = host_marks_us(lambda: operator(x, weight, bias, scale, gamma, beta, bn.running_mean, bn.running_var,
+                                               bn.num_batches_tracked, bn.momentum, bn.eps, None, None, False),
+                              calls, synchronized)  # fmt: skip
+        print(f"    {label:28s} {marks[0]:9.1f} {marks[1]:12.1f} {marks[2]:9.1f} {marks[3]:9.1f}")
+    print_bare_calls(reference, x, calls)
+
+
+def print_bare_calls(reference, x, calls: int) -> None:
+    """Eager's whole call and a bare torch.mm, synchronized: the floor this host sets."""
     weight_t = reference.gemm.weight.detach().t()
     print(f"  synchronized call, start to return: eager {call_us(lambda: reference(x), calls):.1f} us, "
           f"bare torch.mm(x, W^T) {call_us(lambda: torch.mm(x, weight_t), calls):.1f} us")
@@ -204,6 +224,8 @@ def main() -> None:
     parser.add_argument("--launch", action="store_true", help="host us from a call to its first kernel launch")
     parser.add_argument("--mark", action="store_true", help="gemmbn's host path split at its native marks")
     parser.add_argument("--eval", action="store_true", help="the eval forward (modules in eval mode)")
+    parser.add_argument("--grad", action="store_true", help="record autograd's graph (a training loop's forward)")
+    parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out (its compile takes ~30 s)")
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
@@ -212,16 +234,17 @@ def main() -> None:
         reference.eval(), drop_in.eval()
     mode = "eval" if args.eval else "training"
     print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} (TF32 for float32), {mode} forward, "
-          f"no_grad, {args.calls} calls back to back")
-    with torch.no_grad():
-        for name, fn in (("gemmbn", lambda: drop_in(x)), ("eager", lambda: reference(x)),
-                         ("compile", lambda: compiled(x))):  # fmt: skip
+          f"{'grad enabled' if args.grad else 'no_grad'}, {args.calls} calls back to back")
+    with contextlib.nullcontext() if args.grad else torch.no_grad():
+        providers = {"gemmbn": lambda: drop_in(x), "eager": lambda: reference(x), "compile": lambda: compiled(x)}
+        if args.no_compile:
+            del providers["compile"]
+        for name, fn in providers.items():
             host, device = per_call_us(fn, args.calls)
             print(f"  {name:8s} host {host:7.1f} us/call   GPU {device:7.1f} us/call")
         if args.launch:
             print("  from a call's start to its first kernel launch (synchronized calls, torch.profiler: an upper bound)")
-            for name, fn in (("gemmbn", lambda: drop_in(x)), ("eager", lambda: reference(x)),
-                             ("compile", lambda: compiled(x))):  # fmt: skip
+            for name, fn in providers.items():
                 gap = call_to_first_event_us(fn, 200, lambda event: event.startswith(LAUNCH_API_PREFIXES))
                 print(f"    {name:8s} {gap:7.1f} us")
         if args.mark:

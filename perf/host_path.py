@@ -122,6 +122,9 @@ def main() -> None:
         module(x_grad).backward(dout)
 
     grad_rows = {
+        # As a training loop calls it: parameters that require grad, so the forward records its autograd node.
+        "module forward, train, grad": ({"train_forward": 1}, lambda: module(x)),
+        "module forward, eval, grad": ({"eval_forward_folded": 1}, lambda: evaluating(x)),
         "forward + backward, train": ({"train_forward": 1, "batch_norm_backward": 1}, training_step),
         "backward alone, train": ({"batch_norm_backward": 1}, lambda: backward.linear_scale_bn_backward(
             dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, True, [True] * 6, "high")),
@@ -134,8 +137,8 @@ def main() -> None:
         if args.profile:
             print_profile(lambda: module(x), args.calls, rows=20)
             print_profile(lambda: evaluating(x), args.calls, rows=20)
-    calls = max(args.calls // 10, 100)  # a backward takes ~10 forwards' time
     for label, (entries, fn) in grad_rows.items():
+        calls = args.calls if "backward" not in label else max(args.calls // 10, 100)  # a backward: ~10 forwards
         _time_row(label, fn, stub, entries, calls)
     if args.profile:
         print_profile(training_step, calls, rows=20)
