@@ -1,7 +1,7 @@
 """Host (CPU) time per training (or, with --eval, eval) forward at a small shape, where the host sets the pace.
 
     python perf/host_overhead.py [--size M K N] [--dtype float32|bfloat16] [--calls 2000] [--profile] [--launch]
-                                 [--mark] [--eval] [--grad] [--no-compile]
+                                 [--mark] [--api] [--eval] [--grad] [--no-compile]
 
 For gemmbn, eager and torch.compile: wall time of `calls` forwards issued back to back with one
 synchronization at the end, divided by `calls`. While the GPU work per forward is shorter than the
@@ -19,6 +19,9 @@ enqueued) and the call's start and return are read on the same clock; medians ov
 GPU (synchronized: KernelBench's case, issue 17's ≤ 15 µs target) and over calls back to back. Beside them, the same
 clock around eager's whole call and around a bare torch.mm of the same operands (one dispatcher call and one cuBLAS
 launch): the floor this host sets for any library's first launch.
+--api (training): the CUDA runtime and driver API calls inside a synchronized call of the module and of its operator
+alone, each with its offset from the call's start and its duration (torch.profiler; the profiler's cost per recorded op
+inflates the offsets).
 --grad: the calls record autograd's graph, as a training loop's forward does (the parameters require grad; the outputs
 are dropped); without it every call runs under torch.no_grad().
 --eval: every module in eval mode (running statistics; gemmbn's fold cached by eval_fold_cache), and --profile's
@@ -151,6 +154,37 @@ def call_to_first_event_us(fn, calls: int, is_first, activities=(ProfilerActivit
     return statistics.median(gaps)
 
 
+def runtime_api_calls(fn, calls: int) -> list[tuple[str, float, float]]:
+    """(name, median us from the call's start, median us of its duration) of each CUDA runtime or driver API call
+    made inside a call of fn, in their order, over `calls` calls that each start on an idle GPU (torch.profiler's
+    CUPTI records: the profiler's cost per recorded op adds to the offsets, not to the API calls' durations)."""
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            with record_function(_CALL_MARK):
+                fn()
+        torch.cuda.synchronize()
+    events = prof.events()
+    calls_at = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == _CALL_MARK)
+    api = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                 if e.name.startswith(("cuda", "cu")) and e.device_type == torch.autograd.DeviceType.CPU)  # fmt: skip
+    sequences = []
+    for start, end in calls_at:
+        inside = []
+        for a, b, name in api[bisect.bisect_left(api, (start,)):]:
+            if a > end:
+                break
+            inside.append((name, a - start, b - a))
+        sequences.append(inside)
+    names = statistics.mode(tuple(name for name, _, _ in seq) for seq in sequences)  # the usual sequence
+    usual = [seq for seq in sequences if tuple(name for name, _, _ in seq) == names]
+    return [(name, statistics.median(seq[i][1] for seq in usual), statistics.median(seq[i][2] for seq in usual))
+            for i, name in enumerate(names)]  # fmt: skip
+
+
 def host_marks_us(fn, calls: int, synchronized: bool) -> list[float]:
     """Median host us from the start of a call of fn to each of debug.HOST_MARKS and to its return, over `calls`
     calls, each started on an idle GPU if synchronized, else back to back."""
@@ -195,17 +229,29 @@ def print_host_marks(drop_in, reference, x, calls: int) -> None:
         print(f"    {label:28s} {marks[0]:9.1f} {marks[1]:12.1f} {marks[2]:9.1f} {marks[3]:9.1f}")
     if not drop_in.training:
         return print_bare_calls(reference, x, calls)
-    # The module's operator called straight from Python with the same tensors: its "entered" is the dispatcher's part
-    # of the module's, the rest of which is gemmbn's Python.
+    # The module's operator called straight from Python: its "entered" is the dispatcher's part of the module's, the
+    # rest of which is gemmbn's Python.
+    for label, synchronized in (("operator alone, synchronized", True), ("operator alone, back to back", False)):
+        marks = host_marks_us(training_operator_alone(drop_in, x), calls, synchronized)
+        print(f"    {label:28s} {marks[0]:9.1f} {marks[1]:12.1f} {marks[2]:9.1f} {marks[3]:9.1f}")
+    print_bare_calls(reference, x, calls)
+
+
+def training_operator_alone(drop_in, x):
+    """A call of the training forward's operator with the module's tensors (TF32 for float32), as the module makes."""
     weight, bias, scale, gamma, beta = module_parameters(drop_in)
     bn = drop_in.bn
     operator = _native.operators().train_forward
-    for label, synchronized in (("operator alone, synchronized", True), ("operator alone, back to back", False)):
-        marks = host_marks_us(lambda: operator(x, weight, bias, scale, gamma, beta, bn.running_mean, bn.running_var,
-                                               bn.num_batches_tracked, bn.momentum, bn.eps, None, None, False),
-                              calls, synchronized)  # fmt: skip
-        print(f"    {label:28s} {marks[0]:9.1f} {marks[1]:12.1f} {marks[2]:9.1f} {marks[3]:9.1f}")
-    print_bare_calls(reference, x, calls)
+    return lambda: operator(x, weight, bias, scale, gamma, beta, bn.running_mean, bn.running_var, bn.num_batches_tracked,
+                            bn.momentum, bn.eps, None, None, False)  # fmt: skip
+
+
+def print_runtime_api_calls(drop_in, x, calls: int) -> None:
+    """--api's table: the CUDA API calls inside a synchronized call of the module and of its operator alone."""
+    for label, fn in (("module", lambda: drop_in(x)), ("operator alone", training_operator_alone(drop_in, x))):
+        print(f"  CUDA API calls inside a synchronized call of the {label} (torch.profiler, medians of {calls} calls):")
+        for name, offset, duration in runtime_api_calls(fn, calls):
+            print(f"    {name:36s} at {offset:7.1f} us, {duration:6.1f} us")
 
 
 def print_bare_calls(reference, x, calls: int) -> None:
@@ -225,6 +271,7 @@ def main() -> None:
     parser.add_argument("--mark", action="store_true", help="gemmbn's host path split at its native marks")
     parser.add_argument("--eval", action="store_true", help="the eval forward (modules in eval mode)")
     parser.add_argument("--grad", action="store_true", help="record autograd's graph (a training loop's forward)")
+    parser.add_argument("--api", action="store_true", help="the CUDA API calls inside a training forward (profiler)")
     parser.add_argument("--no-compile", action="store_true", help="leave torch.compile out (its compile takes ~30 s)")
     args = parser.parse_args()
     M, K, N = args.size
@@ -249,6 +296,8 @@ def main() -> None:
                 print(f"    {name:8s} {gap:7.1f} us")
         if args.mark:
             print_host_marks(drop_in, reference, x, 500)
+        if args.api and not args.eval:
+            print_runtime_api_calls(drop_in, x, 200)
         if args.profile:
             print_profile(lambda: drop_in(x), args.calls, rows=15)
             torch.cuda.synchronize()
