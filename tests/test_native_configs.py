@@ -95,10 +95,11 @@ def test_split_workspace_sizes():
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
 def test_selection_follows_the_measured_rule(dtype, split):
     # select_config (gemm_dispatch.cpp; sweeps quoted in configs.h): small problems by their count of
-    # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 512, the
-    # row that makes the most of one wave: 128x96 (row 5) where that grid fills more than half a wave without passing
-    # it and its 2x1 cluster pads nothing (past 64 tiles only where N is a multiple of 96 or K < 4096), else up to 64
-    # tiles 64x128 (row 2; TF32 with K > 4096 its stream-K row 6), else 128x128 (row 4); larger ones ping-pong
+    # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 512, (TF32
+    # up to 64 tiles with K > 4096: its stream-K row 6, split-K 2) the row that makes the most of one wave: 128x96
+    # (row 5) where that grid fills more than half a wave without passing it and its 2x1 cluster pads nothing (past 64
+    # tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2; TF32 with K > 4096 its
+    # stream-K row 6), else 128x128 (row 4); larger ones ping-pong
     # 128x128 with a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048
     # where the 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the 1x2-cluster row for
     # M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit
@@ -138,7 +139,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (1024, 8192, 512): (3, 3),
         (512, 2048, 2048): (5, 5),  # 64 tiles; 88 of 128x96
         (256, 4096, 4096): (5, 5),  # 86 of 128x96 (N no multiple of 96: at most 64 tiles it still wins)
-        (256, 16384, 4096): (5, 5),
+        (256, 8192, 4096): (6, 5),  # K > 4096: TF32's stream-K row (split-K 2) before 128x96
+        (256, 16384, 4096): (6, 5),
+        (512, 8192, 2048): (6, 5),
         (256, 4096, 3072): (2, 2),  # 64 of 128x96: half a wave
         (384, 4096, 2048): (2, 2),  # 3 tiles along M: the 2x1 cluster would pad
         (384, 8192, 2048): (6, 2),  # the same at K > 4096: TF32's stream-K row
@@ -193,7 +196,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (65536, 1024, 1024): (0, 0),
     }
     # The split GEMM's stream-K row (the others take row 0): under 132 tiles with K > 1024.
-    expected_rows[(1024, 65536, 1024)] = expected_rows[(1024, 4096, 1024)] = (5, 5)  # 88 of 128x96
+    expected_rows[(1024, 65536, 1024)] = (6, 5)  # TF32 past K = 4096: the stream-K row; 16-bit 88 of 128x96
+    expected_rows[(1024, 4096, 1024)] = (5, 5)
     split_row = lambda shape: 1 if _tiles_128(shape[0], shape[2]) < 132 and shape[1] > 1024 else 0  # noqa: E731
     # Launches without partials (eval, the training forward with its statistics from y): K <= 1024 from a wave of
     # tiles up takes row 0's tile without the statistics node (TF32 row 7, 16-bit row 6) instead of the 64x128 row or

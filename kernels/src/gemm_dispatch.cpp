@@ -68,7 +68,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19-v21). Small problems
 // first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's
 // fixed cost exposed): 64x64 tiles up to 32 such tiles, and up to 64 when K <= 1024. Past that, under a wave of
-// tiles with K >= 512, the most of one wave: cooperative 128x96 tiles on a 2x1 cluster where they fill more than half
+// tiles with K >= 512: TF32 up to 64 tiles with K > 4096 takes its stream-K row (split-K 2, v29); otherwise the most
+// of one wave: cooperative 128x96 tiles on a 2x1 cluster where they fill more than half
 // a wave without passing it and the cluster pads nothing (both math warpgroups on a tile, where a ping-pong row with
 // one tile per SM leaves one idle: bf16 256x4096->4096 0.033 -> 0.030 ms, 1024x2048->1536 0.037 -> 0.019,
 // 1024x65536->1024 0.529 -> 0.270), else up to 64 tiles the 64x128 row (TF32 with K > 4096: its stream-K row, v22);
@@ -100,7 +101,10 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     const int64_t narrow_tiles = grid_tiles(narrow, M, N, 1);
     // 128x96 tiles filling more than half of one wave; a partial last column of them lost to row 4 at K >= 4096.
     const bool narrow_wave = 2 * narrow_tiles > kWave && narrow_tiles <= kWave && !pads(kOneWave96);
-    if (tiles <= 64) return narrow_wave ? kOneWave96 : tf32 && K > kLongK ? kStreamK : kNarrow;
+    // TF32 past K = 4096 takes its stream-K row (split-K 2 from 34 tiles, select_splits) even where 128x96 tiles
+    // would fill a wave: 10-18% faster at 64 tiles with K = 8192-65536; at K = 4096 it won at 64 tiles and lost at
+    // 50-60 (v29).
+    if (tiles <= 64) return tf32 && K > kLongK ? kStreamK : narrow_wave ? kOneWave96 : kNarrow;
     if (narrow_wave && (N % narrow.tile_n == 0 || K < kLongK)) return kOneWave96;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
