@@ -150,3 +150,38 @@ def test_native_first_records_the_graph(monkeypatch, training):
     assert actual.keys() == expected.keys()
     for name, grad in expected.items():
         torch.testing.assert_close(actual[name], grad, **GRAD_TOLERANCE[torch.float32], msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["tf32_route", "bf16_route"])
+def test_fused_route_gemms_run_at_the_route_precision(monkeypatch, dtype):
+    """The fused backward's two torch GEMMs (backward._fused_grads, the kernel replaced by given results):
+    dx = dz W and dW = dz^T x against float64; the TF32 route runs them with PyTorch's TF32 switch on and restores
+    the caller's "highest" after; 16-bit ones leave the setting alone."""
+    from gemmbn import fused, precision
+
+    route = precision.TF32 if dtype == torch.float32 else precision.NATIVE_16BIT
+    x, weight = torch.randn(M, K).to(dtype), torch.randn(N, K).to(dtype)
+    dz = torch.randn(M, N).to(dtype)
+    column = torch.randn(N)
+    kernel_results = (dz, column, column + 1, column + 2, column + 3, ())  # dz, dgamma, dbeta, db, ds, no transposes
+    monkeypatch.setattr(fused, "batch_norm_backward", lambda *args: kernel_results)
+    seen = []
+    matmul = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: seen.append(precision.current()) or matmul(a, b))
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        dx, dW, db, ds, dgamma, dbeta = backward._fused_grads(
+            route, torch.randn(M, N).to(dtype), x, weight, column, column, column, dz, column, column, True, [True] * 6
+        )  # fmt: skip
+        after = precision.current()
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert seen == (["high", "high"] if route == precision.TF32 else ["highest", "highest"])
+    assert after == "highest"
+    assert (db, ds, dgamma, dbeta) == kernel_results[3:5] + kernel_results[1:3]
+    # float32: a CPU GEMM (TF32 does not apply there) of K or M terms, float32 accumulation; bf16: one rounding of the
+    # output to bf16 (2^-8 relative) on top of that.
+    bound = 1e-5 if dtype == torch.float32 else 2**-7
+    for got, want in ((dx, dz.double() @ weight.double()), (dW, dz.double().t() @ x.double())):
+        torch.testing.assert_close(got.double(), want, rtol=bound, atol=bound * want.abs().max().item())

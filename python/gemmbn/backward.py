@@ -89,13 +89,12 @@ OWN_TF32_MIN_OUTPUT = 1 << 24
 def _matmul(route: str, a: Tensor, b: Tensor) -> Tensor:
     """a @ b on the fused route's GEMM: gemmbn's own (the fp32-faithful split GEMM for "highest", the TF32 one for
     large outputs), a read with its reduction along rows (b too for TF32; the split GEMM splits b from its own
-    rows); else cuBLAS (16-bit with float32 accumulation, or TF32)."""
+    rows); else cuBLAS (16-bit with float32 accumulation, or TF32: the caller holds _torch_gemm_precision)."""
     if route == precision_mod.SPLIT_FP32:  # b split from its rows: no transposed copy (perf/NOTES.md, v16)
         return fused.split_matmul(_reduction_rows(a), b)
     if route == precision_mod.TF32 and a.shape[0] * b.shape[1] >= OWN_TF32_MIN_OUTPUT:
         return fused.matmul(_reduction_rows(a), _reduction_rows(b.t()))
-    with _torch_gemm_precision(route):
-        return a @ b
+    return a @ b
 
 
 def _fused_grads(
@@ -121,8 +120,9 @@ def _fused_grads(
         dx = fused.split_matmul(dz, weight, dz_row_max) if need_x else None
         del dz
         return dx, fused.split_matmul(dz_t, x, dz_column_max), db, ds, dgamma, dbeta
-    dx = _matmul(route, dz, weight) if need_x else None
-    dW = _matmul(route, dz.t(), x) if need_w else None
+    with _torch_gemm_precision(route):  # PyTorch's TF32 switch set once for both GEMMs (perf/NOTES.md v29)
+        dx = _matmul(route, dz, weight) if need_x else None
+        dW = _matmul(route, dz.t(), x) if need_w else None
     return dx, dW, db, ds, dgamma, dbeta
 
 
