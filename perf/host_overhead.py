@@ -128,9 +128,9 @@ _CALL_MARK = "host_overhead.call"
 LAUNCH_API_PREFIXES = ("cudaLaunchKernel", "cuLaunchKernel")
 
 
-def call_to_first_event_us(fn, calls: int, is_first, activities=(ProfilerActivity.CPU, ProfilerActivity.CUDA)):
-    """Median host us from the start of a call of fn to the start of the first profiler event inside it for which
-    is_first(name) holds, over `calls` calls that each start after a synchronization."""
+def profiled_calls(fn, calls: int, activities=(ProfilerActivity.CPU, ProfilerActivity.CUDA)):
+    """(torch.profiler's events, the sorted (start, end) of each call) of `calls` calls of fn, after 5 untimed ones,
+    each starting after a synchronization and marked by a _CALL_MARK range."""
     for _ in range(5):
         fn()
     synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
@@ -142,7 +142,13 @@ def call_to_first_event_us(fn, calls: int, is_first, activities=(ProfilerActivit
                 fn()
         synchronize()
     events = prof.events()
-    calls_at = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == _CALL_MARK)
+    return events, sorted((e.time_range.start, e.time_range.end) for e in events if e.name == _CALL_MARK)
+
+
+def call_to_first_event_us(fn, calls: int, is_first, activities=(ProfilerActivity.CPU, ProfilerActivity.CUDA)):
+    """Median host us from the start of a call of fn to the start of the first profiler event inside it for which
+    is_first(name) holds, over `calls` calls that each start after a synchronization."""
+    events, calls_at = profiled_calls(fn, calls, activities)
     firsts = sorted(e.time_range.start for e in events if e.name != _CALL_MARK and is_first(e.name))
     gaps = []
     for start, end in calls_at:
@@ -158,17 +164,7 @@ def runtime_api_calls(fn, calls: int) -> list[tuple[str, float, float]]:
     """(name, median us from the call's start, median us of its duration) of each CUDA runtime or driver API call
     made inside a call of fn, in their order, over `calls` calls that each start on an idle GPU (torch.profiler's
     CUPTI records: the profiler's cost per recorded op adds to the offsets, not to the API calls' durations)."""
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            torch.cuda.synchronize()
-            with record_function(_CALL_MARK):
-                fn()
-        torch.cuda.synchronize()
-    events = prof.events()
-    calls_at = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == _CALL_MARK)
+    events, calls_at = profiled_calls(fn, calls)
     api = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
                  if e.name.startswith(("cuda", "cu")) and e.device_type == torch.autograd.DeviceType.CPU)  # fmt: skip
     sequences = []
