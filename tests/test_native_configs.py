@@ -98,14 +98,13 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 512, (TF32
     # up to 64 tiles with K > 4096: its stream-K row 6, split-K 2) the row that makes the most of one wave: 128x96
     # (row 5) where that grid fills more than half a wave without passing it and its 2x1 cluster pads nothing (past 64
-    # tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2; TF32 with K > 4096 its
-    # stream-K row 6), else 128x128 (row 4); larger ones ping-pong
-    # 128x128 with a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row for 512 < M <= 2048
-    # where the 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the 1x2-cluster row for
-    # M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16 waves; 16-bit
-    # K <= 1024 up to 8); row 1 past a wave wherever N <= 1024, K > 4096 and its tiles along N pad nothing;
-    # where row 4's cluster pads and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split: 128x128
-    # without a cluster, its stream-K row (row 1) under a wave of tiles with K > 1024.
+    # tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2), else 128x128 (row 4);
+    # larger ones ping-pong 128x128 with a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row
+    # for 512 < M <= 2048 where the 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the
+    # 1x2-cluster row for M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16
+    # waves; 16-bit K <= 1024 up to 8); row 1 past a wave wherever N <= 1024, K > 4096 and its tiles along N pad
+    # nothing; where row 4's cluster pads and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split:
+    # 128x128 without a cluster, its stream-K row (row 1) under a wave of tiles with K > 1024.
     rows = debug.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split

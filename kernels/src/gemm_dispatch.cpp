@@ -68,11 +68,11 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19-v21). Small problems
 // first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's
 // fixed cost exposed): 64x64 tiles up to 32 such tiles, and up to 64 when K <= 1024. Past that, under a wave of
-// tiles with K >= 512: TF32 up to 64 tiles with K > 4096 takes its stream-K row (split-K 2, v29); otherwise the most
-// of one wave: cooperative 128x96 tiles on a 2x1 cluster where they fill more than half
-// a wave without passing it and the cluster pads nothing (both math warpgroups on a tile, where a ping-pong row with
-// one tile per SM leaves one idle: bf16 256x4096->4096 0.033 -> 0.030 ms, 1024x2048->1536 0.037 -> 0.019,
-// 1024x65536->1024 0.529 -> 0.270), else up to 64 tiles the 64x128 row (TF32 with K > 4096: its stream-K row, v22);
+// tiles with K >= 512: TF32 up to 64 tiles with K > 4096 takes its stream-K row (split-K 2, v22, v29); otherwise the
+// most of one wave: cooperative 128x96 tiles on a 2x1 cluster where they fill more than half a wave without passing
+// it and the cluster pads nothing (both math warpgroups on a tile, where a ping-pong row with one tile per SM leaves
+// one idle: bf16 256x4096->4096 0.033 -> 0.030 ms, 1024x2048->1536 0.037 -> 0.019, 1024x65536->1024 0.529 -> 0.270),
+// else up to 64 tiles the 64x128 row;
 // over 64 tiles, where N is no multiple of 96 and K >= 4096 the partial last column of 128x96 tiles lost (bf16
 // 1536x8192->1024 0.054 vs 0.051), the cooperative 128x128 row where its cluster pads nothing, TF32's stream-K 128x128
 // row where it does and K > 4096 (v20); 64x128 tiles under one wave otherwise in TF32, and up to two waves when
