@@ -233,9 +233,10 @@ def test_selection_follows_the_measured_rule(dtype, split):
 
 
 def test_stream_k_split_rule():
-    # configs.h select_splits: split-K 2 where the 128x128 tiles fill more than a quarter and at most half of a
-    # 132-SM wave (34..66 tiles: 64 measured, the dW GEMM at 1024x1024), else 1 (CUTLASS's stream-K heuristic).
-    tiles_to_splits = {16: 1, 33: 1, 34: 2, 64: 2, 66: 2, 67: 1, 128: 1, 1024: 1}
+    # configs.h select_splits: where the 128x128 tiles fill more than a quarter and at most half of a 132-SM wave,
+    # split-K 3 while 3 x tiles stay within the wave (34..44 tiles, v29) and split-K 2 past that (45..66: 64
+    # measured, the dW GEMM at 1024x1024), else 1 (CUTLASS's stream-K heuristic).
+    tiles_to_splits = {16: 1, 33: 1, 34: 3, 40: 3, 44: 3, 45: 2, 64: 2, 66: 2, 67: 1, 128: 1, 1024: 1}
     for tiles, splits in tiles_to_splits.items():
         assert debug.gemm_selected_splits(128 * tiles, 128) == splits, tiles
         assert debug.gemm_selected_splits(128, 128 * tiles) == splits, tiles

@@ -101,9 +101,9 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     const int64_t narrow_tiles = grid_tiles(narrow, M, N, 1);
     // 128x96 tiles filling more than half of one wave; a partial last column of them lost to row 4 at K >= 4096.
     const bool narrow_wave = 2 * narrow_tiles > kWave && narrow_tiles <= kWave && !pads(kOneWave96);
-    // TF32 past K = 4096 takes its stream-K row (split-K 2 from 34 tiles, select_splits) even where 128x96 tiles
-    // would fill a wave: 10-18% faster at 64 tiles with K = 8192-65536; at K = 4096 it won at 64 tiles and lost at
-    // 50-60 (v29).
+    // TF32 past K = 4096 takes its stream-K row (split-K 2 or 3 from 34 tiles, select_splits) even where 128x96
+    // tiles would fill a wave: 10-18% faster at 64 tiles with K = 8192-65536; at K = 4096 it won at 64 tiles and
+    // lost at 50-60 (v29).
     if (tiles <= 64) return tf32 && K > kLongK ? kStreamK : narrow_wave ? kOneWave96 : kNarrow;
     if (narrow_wave && (N % narrow.tile_n == 0 || K < kLongK)) return kOneWave96;
     if (!pads(kOneWave)) return kOneWave;

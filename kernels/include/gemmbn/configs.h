@@ -140,13 +140,15 @@ inline constexpr int unpadded_swizzle(TileConfig const& c, int M, int N) {
   return swizzle;
 }
 
-// A stream-K row's split of each tile's K range when the call leaves it to the rule (splits = -1): 2 where the
-// 128x128 tiles fill between a quarter and half a wave (halved, they fill it once), else 1, CUTLASS's stream-K
-// heuristic. Split GEMM, 64 tiles: 0.683 vs 0.738 ms at 1024x65536->1024 (perf/NOTES.md, v16).
+// A stream-K row's split of each tile's K range when the call leaves it to the rule (splits = -1): the most splits
+// (3 or 2) that keep the 128x128 tiles' work units within one 132-SM wave where the tiles fill between a quarter and
+// half of it, else 1, CUTLASS's stream-K heuristic. Split-K 2 at 64 tiles: 0.683 vs 0.738 ms at 1024x65536->1024
+// (v16); split-K 3 at 36-44 tiles: 6-20% over split-K 2 in TF32, 17-18% in the split GEMM (perf/NOTES.md, v29).
 inline constexpr int select_splits(int M, int N) {
   constexpr int64_t kWave = 132;
   const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);
-  return 4 * tiles > kWave && 2 * tiles <= kWave ? 2 : 1;
+  if (4 * tiles <= kWave || 2 * tiles > kWave) return 1;
+  return 3 * tiles <= kWave ? 3 : 2;
 }
 
 // Index into the operands' table for this problem (one rule, measured rows; see gemm_dispatch.cpp).
