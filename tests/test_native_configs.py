@@ -96,9 +96,9 @@ def test_split_workspace_sizes():
 def test_selection_follows_the_measured_rule(dtype, split):
     # select_config (gemm_dispatch.cpp; sweeps quoted in configs.h): small problems by their count of
     # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 512, (TF32
-    # up to 64 tiles with K > 4096: its stream-K row 6, split-K 2 or 3; at 49-64 tiles with K <= 4096: 64x128 tiles on
-    # a 2x1 cluster, row 8, where that cluster pads nothing) the row that makes the most of one wave: 128x96
-    # (row 5) where that grid fills more than half a wave without passing it and its 2x1 cluster pads nothing (past 64
+    # up to 64 tiles with K > 4096: its stream-K row 6, split-K 2 or 3; else at 49-64 tiles 64x128 tiles on a 2x1
+    # cluster, TF32 row 8 and 16-bit row 7, where that cluster pads nothing) the row that makes the most of one wave:
+    # 128x96 (row 5) where that grid fills more than half a wave without passing it and its 2x1 cluster pads nothing (past 64
     # tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2), else 128x128 (row 4);
     # larger ones ping-pong 128x128 with a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row
     # for 512 < M <= 2048 where the 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the
@@ -121,16 +121,16 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[4]) == (128, 128, 0, 2, 1) and rows[4]["stream_k"] == 0
         assert layout(rows[5]) == (128, 96, 0, 2, 1) and rows[5]["stream_k"] == 0
         # Row 0's tile without the statistics node (TF32 row 7, 16-bit row 6: 64-column subtiles fit without the
-        # node), for launches without partials; past it TF32's 64x128 row with a 2x1 cluster (8) and only the
-        # experimental rows without the node (CMake GEMMBN_NO_STATISTICS_ROWS=ON).
+        # node), for launches without partials; past it the 64x128 row with a 2x1 cluster and only the experimental
+        # rows without the node (CMake GEMMBN_NO_STATISTICS_ROWS=ON).
         without = 7 if tf32 else 6
         assert layout(rows[without]) == layout(rows[0]) and rows[without]["statistics"] == 0
         assert rows[without]["epilogue_n"] == (32 if tf32 else 64)
-        experimental = without + 2 if tf32 else without + 1
-        assert all(r["statistics"] for r in rows[:without]) and not any(r["statistics"] for r in rows[experimental:])
+        pair = without + 1
+        assert layout(rows[pair]) == (64, 128, 1, 2, 1) and rows[pair]["statistics"] == 1
+        assert all(r["statistics"] for r in rows[:without]) and not any(r["statistics"] for r in rows[pair + 1:])
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
-            assert layout(rows[8]) == (64, 128, 1, 2, 1) and rows[8]["statistics"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
     expected_rows = {
         (128, 1024, 512): (3, 3),  # 4 tiles
@@ -139,18 +139,18 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (1024, 1024, 1024): (3, 3),  # 64 tiles, short K
         (128, 4096, 4096): (3, 3),  # 32 tiles
         (1024, 8192, 512): (3, 3),
-        (512, 2048, 2048): (8, 5),  # 64 tiles: TF32 64x128 tiles in 2x1 clusters (49-64, K <= 4096); 88 of 128x96
-        (256, 4096, 4096): (8, 5),  # 86 of 128x96 (N no multiple of 96: at most 64 tiles it still wins)
-        (256, 4096, 3200): (8, 5),  # 50 tiles
+        (512, 2048, 2048): (8, 7),  # 64 tiles: 64x128 tiles in 2x1 clusters from 49 tiles (TF32: K <= 4096)
+        (256, 4096, 4096): (8, 7),
+        (256, 4096, 3200): (8, 7),  # 50 tiles
         (192, 4096, 4096): (5, 5),  # 3 64-row tiles along M: TF32's 2x1 cluster of them would pad
-        (256, 8192, 4096): (6, 5),  # K > 4096: TF32's stream-K row (split-K 2) before 128x96
-        (256, 16384, 4096): (6, 5),
-        (512, 8192, 2048): (6, 5),
+        (256, 8192, 4096): (6, 7),  # K > 4096: TF32's stream-K row (split-K 2)
+        (256, 16384, 4096): (6, 7),
+        (512, 8192, 2048): (6, 7),
         (256, 4096, 3072): (2, 2),  # 64 of 128x96: half a wave
         (384, 4096, 2048): (2, 2),  # 3 tiles along M: the 2x1 cluster would pad
         (384, 8192, 2048): (6, 2),  # the same at K > 4096: TF32's stream-K row
-        (128, 8192, 8192): (6, 2),  # 64 tiles, one along M
-        (128, 4096, 8192): (8, 2),  # the same at K = 4096
+        (128, 8192, 8192): (6, 7),  # 64 tiles, one along M (two of 64 rows)
+        (128, 4096, 8192): (8, 7),  # the same at K = 4096
         (1024, 512, 1536): (5, 5),  # K = 512 under a wave: the one-wave rows too
         (1536, 512, 1024): (5, 5),
         (1024, 512, 2048): (4, 4),  # 128 tiles, 176 of 128x96: past a wave
@@ -200,8 +200,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (65536, 1024, 1024): (0, 0),
     }
     # The split GEMM's stream-K row (the others take row 0): under 132 tiles with K > 1024.
-    expected_rows[(1024, 65536, 1024)] = (6, 5)  # TF32 past K = 4096: the stream-K row; 16-bit 88 of 128x96
-    expected_rows[(1024, 4096, 1024)] = (8, 5)
+    expected_rows[(1024, 65536, 1024)] = (6, 7)  # TF32 past K = 4096: the stream-K row; 16-bit the pairs
+    expected_rows[(1024, 4096, 1024)] = (8, 7)
     split_row = lambda shape: 1 if _tiles_128(shape[0], shape[2]) < 132 and shape[1] > 1024 else 0  # noqa: E731
     # Launches without partials (eval, the training forward with its statistics from y): K <= 1024 from a wave of
     # tiles up takes row 0's tile without the statistics node (TF32 row 7, 16-bit row 6) instead of the 64x128 row or

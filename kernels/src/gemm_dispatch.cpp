@@ -68,8 +68,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19-v21). Small problems
 // first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's
 // fixed cost exposed): 64x64 tiles up to 32 such tiles, and up to 64 when K <= 1024. Past that, under a wave of
-// tiles with K >= 512: TF32 up to 64 tiles takes its stream-K row with K > 4096 (split-K 2 or 3, v22, v29, v30) and
-// the 64x128 row on a 2x1 cluster from 49 tiles with K <= 4096 (v30); otherwise the most of one wave: cooperative
+// tiles with K >= 512: TF32 up to 64 tiles takes its stream-K row with K > 4096 (split-K 2 or 3, v22, v29, v30), and
+// from 49 tiles both tables the 64x128 row on a 2x1 cluster (v30); otherwise the most of one wave: cooperative
 // 128x96 tiles on a 2x1 cluster where they fill more than half a wave without passing it and the cluster pads nothing
 // (both math warpgroups on a tile, where a ping-pong row with one tile per SM leaves one idle: bf16 256x4096->4096
 // 0.033 -> 0.030 ms, 1024x2048->1536 0.037 -> 0.019, 1024x65536->1024 0.529 -> 0.270), else up to 64 tiles the
@@ -90,7 +90,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
-  constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6, kNarrowPair = 8;  // the last two: TF32's only
+  constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
+  const int narrow_pair = operands == GemmOperands::tf32 ? 8 : 7;  // 64x128 tiles in 2x1 clusters
   constexpr int kShorterK = 512, kSplitStreamK = 1;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int64_t tiles = tiles_128(M, N);
@@ -105,10 +106,11 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     // TF32 past K = 4096 takes its stream-K row (split-K 2 or 3 from 34 tiles, select_splits) even where 128x96
     // tiles would fill a wave: 10-18% faster at 64 tiles with K = 8192-65536 (v29).
     if (tf32 && tiles <= 64 && K > kLongK) return kStreamK;
-    // TF32 at 49-64 tiles and shorter K: 64x128 tiles sharing W's loads in pairs (half the L2 reads of W), 5-15%
-    // faster than the 128x96, 64x128 and stream-K rows at K = 2048-4096 (256x4096->4096 43 vs 48 us, v30). At 36-48
-    // tiles the 64x128 row alone led by up to 4% but at 128x4096->6144.
-    if (tf32 && tiles > 48 && tiles <= 64 && !pads(kNarrowPair)) return kNarrowPair;
+    // 49-64 tiles (TF32 up to K = 4096): 64x128 tiles sharing W's loads in pairs (half the L2 reads of W), 5-15%
+    // faster than the 128x96, 64x128 and stream-K rows in TF32 at K = 2048-4096 (256x4096->4096 43 vs 48 us), 16-bit
+    // 2-5% at K = 4096 and 7-12% at K = 8192, within 2% either way at K = 2048 (v30). At 36-48 tiles the 64x128 row
+    // alone led by up to 4% except at 128x4096->6144.
+    if (tiles > 48 && tiles <= 64 && !pads(narrow_pair)) return narrow_pair;
     if (tiles <= 64) return narrow_wave ? kOneWave96 : kNarrow;
     if (narrow_wave && (N % narrow.tile_n == 0 || K < kLongK)) return kOneWave96;
     if (!pads(kOneWave)) return kOneWave;

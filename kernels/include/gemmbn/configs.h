@@ -48,8 +48,8 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   tile (the clustered rows' old "cliffs" were padded tiles: unpadded_swizzle below); both also at any M where
 //   N <= 1024 and K > 4096 (x read once per 256 columns instead of 128: perf/NOTES.md v22);
 // - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
-//   64x128 row in 16-bit; TF32 at 49-64 tiles with K <= 4096 the 64x128 tiles on a 2x1 cluster (row 8: W's L2 reads
-//   halved, 5-15% faster there; perf/NOTES.md v30);
+//   64x128 row in 16-bit; 49-64 tiles (TF32 up to K = 4096) the 64x128 tiles on a 2x1 cluster (TF32 row 8, 16-bit
+//   row 7: W's L2 reads halved, 2-15% faster there; perf/NOTES.md v30);
 // - under a wave of tiles with K >= 512, one data-parallel wave of cooperative tiles (both math warpgroups on a CTA's
 //   one tile; ping-pong leaves one idle there) on a 2x1 cluster where it pads nothing: 128x96 ones where they fill
 //   more than half a wave (more SMs busy, each with 3/4 of a 128x128 tile's work), else 128x128 past 64 tiles; TF32's
@@ -82,9 +82,10 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {128, 128, 64, 2, 1, 32, 0, 0, 8},  // 4: cooperative 128x128, W multicast to 2 CTAs (one wave, long K)
     {128, 96, 64, 2, 1, 32, 0, 0, 8},   // 5: row 4 on 128x96 tiles (one wave of them, N a multiple of 96)
     {128, 128, 64, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 6: row 0 without the statistics node, 64-column epilogue subtiles
+    {64, 128, 64, 2, 1, 32, 1, 0, 8},            // 7: row 2, W multicast to 2 CTAs (half its L2 reads of W)
 #if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
-    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 6 with 32-column subtiles
-    {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 8: cooperative 256x128, x multicast (cuBLAS's nvjet tile)
+    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 8: row 6 with 32-column subtiles
+    {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 9: cooperative 256x128, x multicast (cuBLAS's nvjet tile)
 #endif
 };
 
