@@ -98,8 +98,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 512, (TF32
     # up to 64 tiles with K > 4096: its stream-K row 6, split-K 2 or 3; else at 49-64 tiles 64x128 tiles on a 2x1
     # cluster, TF32 row 8 and 16-bit row 7, where that cluster pads nothing) the row that makes the most of one wave:
-    # 128x96 (row 5) where that grid fills more than half a wave without passing it and its 2x1 cluster pads nothing (past 64
-    # tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2), else 128x128 (row 4);
+    # 128x96 (row 5) where that grid fills more than half a wave without passing it and its 2x1 cluster pads nothing
+    # (past 64 tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2), else 128x128
+    # (row 4);
     # larger ones ping-pong 128x128 with a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row
     # for 512 < M <= 2048 where the 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the
     # 1x2-cluster row for M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16

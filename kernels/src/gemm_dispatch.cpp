@@ -91,9 +91,9 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
   constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
-  const int narrow_pair = operands == GemmOperands::tf32 ? 8 : 7;  // 64x128 tiles in 2x1 clusters
   constexpr int kShorterK = 512, kSplitStreamK = 1;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
+  const int narrow_pair = tf32 ? 8 : 7;  // 64x128 tiles in 2x1 clusters
   const int64_t tiles = tiles_128(M, N);
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
   if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
