@@ -17,6 +17,13 @@
 //   finish+prefetch   the same, with the blocks that merge nothing loading their first pass of y before the barrier
 //                     (registers, no shared memory), so DRAM is busy while phase 1 and the barrier run
 //   finish+prefetch all  every block loads its first pass before phase 1 (the merging blocks hold it through phase 1)
+//   grid R            the stripes 32x8 as a plain grid, one block per item of R rows (the hardware balances the blocks)
+//   claim R           the stripes 32x8 on the resident blocks, items of R rows claimed from an atomic counter (the next
+//                     claim in flight while an item streams), so a block on a slower SM takes fewer
+//   finish claim R    phase 1, the grid barrier, then claim R (the counter zeroed before the call, outside the timing)
+//   (finish) claim early R  the same, each item's first loads of y issued before its column factors' loads
+//   claim early min3 R  the same with three blocks per SM at least (the registers capped for it)
+//   finish split R    phase 1 as its own launch (a block per merge group), then grid R from its statistics
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -141,6 +148,40 @@ struct Stripes {
     return item / p.stripes * p.rows_per_chunk + threadIdx.x / kLanes;
   }
 
+  // One item (stripe, row chunk) start to end: every pass's loads, then its stores. kEarly: the first pass's loads of
+  // y are issued before the column factors' (so the two latencies overlap).
+  template <bool kFromStats, bool kEarly = false>
+  __device__ static void item_rows(Params const& p, int item) {
+    T* y = static_cast<T*>(p.y);
+    const int stripe = item % p.stripes;
+    const int64_t chunk = item / p.stripes, row_end = min(p.M, (chunk + 1) * p.rows_per_chunk);
+    const int col = stripe * kCols + int(threadIdx.x % kLanes) * V::kSize;
+    if (col >= p.N) return;
+    V v[kUnroll];
+    const int64_t first = first_row(p, item);
+    if (kEarly) load_pass(p, item, first, v);
+    float a[V::kSize], d[V::kSize];
+#pragma unroll
+    for (int k = 0; k < V::kSize; ++k) {
+      if constexpr (kFromStats) {
+        a[k] = p.invstd[col + k], d[k] = -p.mean[col + k] * a[k];
+      } else {
+        a[k] = p.alpha[col + k], d[k] = p.delta[col + k];
+      }
+    }
+    for (int64_t r = first; r < row_end; r += kPassRows) {
+      if (!kEarly || r != first) load_pass(p, item, r, v);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t row = r + u * kRowsPerPass;
+        if (row >= row_end) continue;
+#pragma unroll
+        for (int k = 0; k < V::kSize; ++k) v[u].set(k, fmaf(v[u].get(k), a[k], d[k]));
+        v[u].store(y + row * p.N + col);
+      }
+    }
+  }
+
   template <bool kFromStats>
   __device__ static void run(Params const& p, V (&v)[kUnroll], bool preloaded) {
     T* y = static_cast<T*>(p.y);
@@ -194,6 +235,38 @@ __global__ void __launch_bounds__(kThreads) finish_kernel(Params p) {
   S::template run<true>(p, v, prefetch);
 }
 
+// grid R: one block per item.
+template <class T, bool kFromStats>
+__global__ void __launch_bounds__(kThreads) grid_kernel(Params p) {
+  Stripes<T, 32, 8>::template item_rows<kFromStats>(p, blockIdx.x);
+}
+
+// finish split R's first launch: phase 1 alone.
+__global__ void __launch_bounds__(kThreads) merge_kernel(Params p) {
+  __shared__ double lane_s1[kThreads], lane_s2[kThreads];
+  merge_partials(p, lane_s1, lane_s2);
+}
+
+// claim R / finish claim R: resident blocks claim items in order from *counter (zero at the start).
+template <class T, bool kFinish, bool kEarly = false, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) claim_kernel(Params p, int* counter) {
+  __shared__ int claimed[2];
+  if constexpr (kFinish) {
+    __shared__ double lane_s1[kThreads], lane_s2[kThreads];
+    merge_partials(p, lane_s1, lane_s2);
+    cg::this_grid().sync();
+  }
+  if (threadIdx.x == 0) claimed[0] = atomicAdd(counter, 1);
+  __syncthreads();
+  int item = claimed[0];
+  for (int k = 1; item < p.items; ++k) {
+    if (threadIdx.x == 0) claimed[k & 1] = atomicAdd(counter, 1);  // in flight while this item streams
+    Stripes<T, 32, 8>::template item_rows<kFinish, kEarly>(p, item);
+    __syncthreads();
+    item = claimed[k & 1];
+  }
+}
+
 template <auto kernel>
 int resident(int sms) {
   int per_sm = 0;
@@ -210,7 +283,64 @@ void plan(Params& p, int cols, int max_blocks, int64_t row_step) {
 struct Candidate {
   std::string name;
   std::function<void(cudaStream_t)> launch;
+  std::function<void(cudaStream_t)> prepare = nullptr;  // before the timed launch (the claim counter's reset)
 };
+
+// grid R, claim R, finish claim R and finish split R for items of `rows` rows.
+template <class T>
+void add_balanced(std::vector<Candidate>& out, Params base, int sms, int rows, int* counter) {
+  using S = Stripes<T, 32, 8>;
+  Params p = base;
+  p.stripes = (p.N + S::kCols - 1) / S::kCols, p.rows_per_chunk = rows;
+  p.items = int(p.stripes * ((p.M + rows - 1) / rows));
+  const std::string r = std::to_string(rows);
+  out.push_back({"grid " + r + " (" + std::to_string(p.items) + " blocks)",
+                 [p](cudaStream_t s) { grid_kernel<T, false><<<p.items, kThreads, 0, s>>>(p); }});
+  auto reset = [counter](cudaStream_t s) { CHECK(cudaMemsetAsync(counter, 0, sizeof(int), s)); };
+  const int claim_blocks = std::min(p.items, resident<&claim_kernel<T, false>>(sms));
+  out.push_back({"claim " + r + " (" + std::to_string(claim_blocks) + " blocks)",
+                 [p, claim_blocks, counter](cudaStream_t s) {
+                   claim_kernel<T, false><<<claim_blocks, kThreads, 0, s>>>(p, counter);
+                 },
+                 reset});
+  const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
+  const int finish_blocks = std::min(resident<&claim_kernel<T, true>>(sms), std::max(p.items, groups));
+  out.push_back({"finish claim " + r + " (" + std::to_string(finish_blocks) + " blocks)",
+                 [p, finish_blocks, counter](cudaStream_t s) {
+                   Params q = p;
+                   int* c = counter;
+                   void* args[] = {&q, &c};
+                   CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&claim_kernel<T, true>),
+                                                     dim3(finish_blocks), dim3(kThreads), args, 0, s));
+                 },
+                 reset});
+  const int early_blocks = std::min(p.items, resident<&claim_kernel<T, false, true>>(sms));
+  out.push_back({"claim early " + r + " (" + std::to_string(early_blocks) + " blocks)",
+                 [p, early_blocks, counter](cudaStream_t s) {
+                   claim_kernel<T, false, true><<<early_blocks, kThreads, 0, s>>>(p, counter);
+                 },
+                 reset});
+  const int early3_blocks = std::min(p.items, resident<&claim_kernel<T, false, true, 3>>(sms));
+  out.push_back({"claim early min3 " + r + " (" + std::to_string(early3_blocks) + " blocks)",
+                 [p, early3_blocks, counter](cudaStream_t s) {
+                   claim_kernel<T, false, true, 3><<<early3_blocks, kThreads, 0, s>>>(p, counter);
+                 },
+                 reset});
+  const int early_finish = std::min(resident<&claim_kernel<T, true, true>>(sms), std::max(p.items, groups));
+  out.push_back({"finish claim early " + r + " (" + std::to_string(early_finish) + " blocks)",
+                 [p, early_finish, counter](cudaStream_t s) {
+                   Params q = p;
+                   int* c = counter;
+                   void* args[] = {&q, &c};
+                   CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&claim_kernel<T, true, true>),
+                                                     dim3(early_finish), dim3(kThreads), args, 0, s));
+                 },
+                 reset});
+  out.push_back({"finish split " + r, [p, groups](cudaStream_t s) {
+                   merge_kernel<<<groups, kThreads, 0, s>>>(p);
+                   grid_kernel<T, true><<<p.items, kThreads, 0, s>>>(p);
+                 }});
+}
 
 // The stripes alone, at most kMinBlocks resident blocks' registers per thread (1: the compiler's choice).
 template <class T, int kLanes, int kUnroll, int kMinBlocks = 1>
@@ -292,6 +422,9 @@ void measure(const char* dtype, int64_t M, int N, int iters) {
   add_stripes<T, 256, 4>(candidates, base, sms);
   add_stripes_only<T, 32, 8, 4>(candidates, base, sms);
   add_stripes_only<T, 64, 8, 4>(candidates, base, sms);
+  int* counter = nullptr;
+  CHECK(cudaMalloc(&counter, sizeof(int)));
+  for (int rows : {64, 128}) add_balanced<T>(candidates, base, sms, rows, counter);
 
   cudaStream_t stream;
   CHECK(cudaStreamCreate(&stream));
@@ -302,6 +435,7 @@ void measure(const char* dtype, int64_t M, int N, int iters) {
   for (int i = -3; i < iters; ++i) {  // 3 warm-up rounds
     for (size_t c = 0; c < candidates.size(); ++c) {
       CHECK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, stream));
+      if (candidates[c].prepare) candidates[c].prepare(stream);
       CHECK(cudaEventRecord(start, stream));
       candidates[c].launch(stream);
       CHECK(cudaGetLastError());
@@ -323,7 +457,9 @@ void measure(const char* dtype, int64_t M, int N, int iters) {
     std::printf("  %-34s %8.1f us  %5.2f TB/s  %6.1f%% of copy\n", candidates[c].name.c_str(), ms * 1e3,
                 2.0 * bytes / ms / 1e9, 100.0 * copy_ms / ms);
   }
-  for (void* ptr : {y, y2, flush, static_cast<void*>(columns), static_cast<void*>(partials)}) CHECK(cudaFree(ptr));
+  for (void* ptr : {y, y2, flush, static_cast<void*>(columns), static_cast<void*>(partials), static_cast<void*>(counter)}) {
+    CHECK(cudaFree(ptr));
+  }
   CHECK(cudaStreamDestroy(stream));
 }
 
