@@ -226,9 +226,11 @@ def test_partials_survive_a_large_mean(name):
     assert _rel(pm2, m2_ref) < 1e-5
 
 
+@pytest.mark.parametrize("walk", ["0", "1"], ids=["static", "claims"])
 @pytest.mark.parametrize("name", list(OPERANDS))
 @pytest.mark.parametrize("momentum", [0.1, None])
-def test_training_pipeline(name, momentum):
+def test_training_pipeline(name, momentum, walk, monkeypatch):
+    monkeypatch.setenv("GEMMBN_FINISH_CLAIMS", walk)  # phase 2's items walked statically or claimed, read per launch
     dtype = _dtype(name)
     M, K, N = 1000, 512, 264
     x, w, b, s = _problem(M, K, N, dtype, seed=1)
@@ -293,6 +295,42 @@ def test_finish_survives_an_outlying_first_tile(mean_offset):
     assert _rel(save_mean, mean64) < 1e-6
     assert _rel(save_invstd, 1 / torch.sqrt(var64 + 1e-5)) < 1e-6
     assert _rel(out, (y64 - mean64) / torch.sqrt(var64 + 1e-5)) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_finish_claims_match_the_static_walk(dtype, monkeypatch):
+    # Phase 2's items claimed from a counter (GEMMBN_FINISH_CLAIMS=1; the rule's choice for large launches) or walked
+    # statically (=0) run the same arithmetic per element: the same bits out, in the statistics and the running
+    # statistics, and both against float64. M is no multiple of the 64-row pass, N spans stripes and a partial one.
+    M, N, tile_rows = 3001, 1032, 64
+    g = torch.Generator(device="cuda").manual_seed(12)
+    y = (3 + torch.randn(M, N, device="cuda", generator=g, dtype=torch.float64)).to(dtype)
+    rows = y.double().split(tile_rows)
+    pm = torch.stack([r.mean(0) for r in rows]).float()
+    pm2 = torch.stack([(r - r.mean(0)).square().sum(0) for r in rows]).float()
+    gamma = (torch.rand(N, device="cuda", generator=g) + 0.5).to(dtype)
+    beta = torch.randn(N, device="cuda", generator=g).to(dtype)
+    running = torch.randn(2, N, device="cuda", generator=g).abs().to(dtype)
+    results = {}
+    for walk in ("0", "1"):
+        monkeypatch.setenv("GEMMBN_FINISH_CLAIMS", walk)
+        out = torch.full_like(y, float("nan"))
+        save = torch.full((2, N), float("nan"), device="cuda")
+        mean_var = running.clone()
+        debug.finish_normalize(y, out, pm, pm2, tile_rows, gamma, beta, mean_var[0], mean_var[1], None, 0.1, 1e-5,
+                               save[0], save[1])
+        results[walk] = (out, save, mean_var)
+    torch.cuda.synchronize()
+    for static, claimed in zip(results["0"], results["1"]):
+        assert torch.equal(static, claimed)
+    out, save, _ = results["1"]
+    y64 = y.double()
+    mean64, var64 = y64.mean(0), y64.var(0, unbiased=False)
+    out64 = (y64 - mean64) / torch.sqrt(var64 + 1e-5) * gamma.double() + beta.double()
+    # The statistics to a few fp32 ulp; the output rounded once to dtype (2^-9 bf16, 2^-12 fp16).
+    assert _rel(save[0], mean64) < 1e-6
+    assert _rel(save[1], 1 / torch.sqrt(var64 + 1e-5)) < 1e-5
+    assert _rel(out, out64) < {torch.float32: 1e-5, torch.bfloat16: 4e-3, torch.float16: 5e-4}[dtype]
 
 
 @pytest.mark.parametrize("name", list(OPERANDS))

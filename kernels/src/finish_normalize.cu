@@ -6,19 +6,20 @@
 //      (the product variant: the buffer holds x W^T alone, cuBLAS's, and every read of it forms y = (v + b) s
 //      rounded to T, the value the training GEMM's epilogue would have stored)
 //   1. statistics: each column's partials are merged once (not once per block), in one read, its mean
-//      and invstd saved and its running statistics updated;
-//   2. normalize: every block streams rows of y through out = y * alpha[n] + delta[n].
+//      and invstd saved, its running statistics updated and phase 2's factors alpha and delta written;
+//   2. normalize: the blocks stream rows of y through out = y * alpha[n] + delta[n], walking their work items
+//      statically or, at large launches, claiming them one pass of rows at a time (normalize_rows).
 // The earlier design merged a block's columns in every block (the 33-66 blocks sharing a column stripe
 // each re-read its 128 tile partials) and left DRAM idle during that prologue: 0.224 ms for a pass
-// whose floor is 0.122 ms at 16384x4096 fp32. Now 89% (fp32, 146 us) and 86% (bf16, 78.5 us) of a device
-// copy (perf/finish_bandwidth.py); torch's in-place mul_ reaches 99.5%, so ~11-15 us are phase 1, the
-// grid barrier and the cooperative launch. Tried and dropped: streaming the array flat (grid-stride, all
-// columns' alpha/delta in smem: same in fp32, 62% in bf16); a bottom-up sweep of phase 2 to reread the
-// GEMM's last rows from L2 (848 vs 842 us GEMM + finish in bf16, 1657 vs 1657 in fp32: no L2 gain);
-// an L2 prefetch of each block's first rows before phase 1.
+// whose floor is 0.122 ms at 16384x4096 fp32. Tried and dropped (perf/NOTES.md v6-v7, v23, v27): streaming the
+// array flat (grid-stride, all columns' alpha/delta in smem: same in fp32, 62% in bf16); a bottom-up sweep of phase 2
+// to reread the GEMM's last rows from L2 (no L2 gain); an L2 or register prefetch of each block's first rows before
+// phase 1; a programmatic dependent launch. Where the time goes against a device copy: perf/finish_patterns.cu.
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <limits>
 
 #include "gemmbn/api.h"
 #include "gemmbn/cooperative_launch.cuh"
@@ -69,6 +70,12 @@ struct FinishParams {
   const T* bias = nullptr;
   const T* scale = nullptr;
   T* pre_norm = nullptr;
+  // Phase 1's per-column factors for phase 2 (the workspace): out = y alpha + delta.
+  float* alpha = nullptr;
+  float* delta = nullptr;
+  // Phase 2's items claimed in order from this counter (zeroed by block 0 before the grid barrier) instead of walked
+  // statically; null: the static walk (finish_claims_items).
+  int* claim_counter = nullptr;
 };
 
 // y = (v + b) s rounded to T (fp32 arithmetic, as the GEMM epilogue's): what the product variant reads for a stored v.
@@ -182,6 +189,19 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
     const int col = group * merge_columns + column_offset;
     const bool valid = col < p.N;
+    // The column's uses of its statistics (tile lane 0's), loaded before the partials so that their latency hides
+    // behind the merge's instead of following it.
+    float gamma = 1.f, beta = 0.f, old_mean = 0.f, old_var = 0.f;
+    double f = 0;  // the running statistics' factor
+    if constexpr (kMode != FinishMode::moments) {
+      if (tile_lane == 0 && valid) {
+        gamma = static_cast<float>(load_or(p.gamma, col, 1.0)), beta = static_cast<float>(load_or(p.beta, col, 0.0));
+        if (p.running_mean != nullptr) {
+          old_mean = to_float(p.running_mean[col]), old_var = to_float(p.running_var[col]);
+          f = p.cumulative ? 1.0 / static_cast<double>(*p.batches_tracked) : p.momentum;
+        }
+      }
+    }
     double shift = valid ? p.partial_mean[col] : 0.0;
     if constexpr (kRanks) {
       for (int t = 0; valid && t < p.tiles; ++t) {
@@ -232,13 +252,18 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
         p.moments_out[p.N + col] = static_cast<float>(mean);
         p.moments_out[2 * p.N + col] = static_cast<float>(var_y * rows);
       } else {
-        p.save_mean[col] = static_cast<float>(mean);
-        p.save_invstd[col] = static_cast<float>(1.0 / sqrt(var_y + p.eps));
+        const float mean32 = static_cast<float>(mean), invstd32 = static_cast<float>(1.0 / sqrt(var_y + p.eps));
+        p.save_mean[col] = mean32;
+        p.save_invstd[col] = invstd32;
+        // phase 2's factors, from the saved statistics: alpha = gamma invstd, delta = beta - mean alpha (fp32, as
+        // PyTorch's BatchNorm forms them)
+        const float alpha = gamma * invstd32;
+        p.alpha[col] = alpha;
+        p.delta[col] = fmaf(-mean32, alpha, beta);
         if (p.running_mean != nullptr) {
-          const double f = p.cumulative ? 1.0 / static_cast<double>(*p.batches_tracked) : p.momentum;
           const double unbiased = var_y * rows / (rows - 1);
-          p.running_mean[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_mean[col]) + f * mean));
-          p.running_var[col] = from_float<T>(static_cast<float>((1 - f) * to_float(p.running_var[col]) + f * unbiased));
+          p.running_mean[col] = from_float<T>(static_cast<float>((1 - f) * old_mean + f * mean));
+          p.running_var[col] = from_float<T>(static_cast<float>((1 - f) * old_var + f * unbiased));
         }
       }
     }
@@ -246,69 +271,83 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
   }
 }
 
-// Phase 2, per work item (column stripe, row chunk): out[m, n] = y[m, n] alpha[n] + delta[n] with
-//   alpha = gamma invstd, delta = beta - mean alpha   (fp32, as PyTorch's BatchNorm forms them)
-// kLastRowsFirst (the y-pass variant): the items and each chunk's rows last first, so that the first reads find the
-// rows phase 0 read last still in L2 (0.3-4% off the y-pass forward, never slower: perf/NOTES.md v18).
+// Phase 2, per work item (column stripe, row chunk): out[m, n] = y[m, n] alpha[n] + delta[n] (phase 1's factors).
+// The item's first pass of y is loaded before its columns' factors, so the two latencies overlap.
+// kLastRowsFirst (the y-pass variant): each chunk's rows last first (the walk below takes the items last first), so
+// that the first reads find the rows phase 0 read last still in L2 (0.3-4% off the y-pass forward: perf/NOTES.md v18).
 // kProduct: y = (v + b) s first (product_to_y), written to pre_norm where kept.
+template <class T, bool kLastRowsFirst, bool kProduct>
+__device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int item) {
+  using Vec = Vector16<T>;
+  constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;  // columns per stripe
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
+  const int stripe = item % p.stripes;
+  const int64_t chunk = item / p.stripes;
+  const int vector_col = stripe * kCols + lane * V;
+  if (vector_col >= p.N) return;
+  const int64_t row_begin = chunk * p.rows_per_chunk, row_end = min(p.M, row_begin + p.rows_per_chunk);
+  const int64_t step = kLastRowsFirst ? -kPassRows : kPassRows;
+  const int64_t first = (kLastRowsFirst ? row_begin + (row_end - row_begin - 1) / kPassRows * kPassRows : row_begin) +
+                        row_in_pass;
+  Vec v[kUnroll];
+  auto load_pass = [&](int64_t r) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (r + u * kRowsPerPass < row_end) v[u].load(p.y + (r + u * kRowsPerPass) * p.N + vector_col);
+    }
+  };
+  load_pass(first);
+  float alpha[V], delta[V];  // V floats each, 16-byte aligned: vector_col is a multiple of V, alpha and delta of 4
+#pragma unroll
+  for (int i = 0; i < V; i += 4) {
+    *reinterpret_cast<float4*>(alpha + i) = *reinterpret_cast<const float4*>(p.alpha + vector_col + i);
+    *reinterpret_cast<float4*>(delta + i) = *reinterpret_cast<const float4*>(p.delta + vector_col + i);
+  }
+  float bias[V], scale[V];
+  if constexpr (kProduct) load_bias_scale(p, vector_col, bias, scale);
+  for (int64_t r = first; kLastRowsFirst ? r >= row_begin : r < row_end; r += step) {
+    if (r != first) load_pass(r);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t row = r + u * kRowsPerPass;
+      if (row >= row_end) continue;
+      if constexpr (kProduct) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[u].set(i, product_to_y<T>(v[u].get(i), bias[i], scale[i]));
+        if (p.pre_norm != nullptr) v[u].store(p.pre_norm + row * p.N + vector_col);
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[u].set(i, fmaf(v[u].get(i), alpha[i], delta[i]));
+      v[u].store(p.out + row * p.N + vector_col);
+    }
+  }
+}
+
+// Phase 2 over every item. Statically, block b takes items b, b + blocks, ... (kLastRowsFirst: the same items, last
+// first); with claim_counter, each block claims its next item while the current one streams, so a block on an SM with
+// less of the memory bandwidth takes fewer items (the static walk ends on its slowest block; phase 2 alone at
+// 16384x4096: 92% of a device copy static, 97-99% claimed, perf/NOTES.md v31).
 template <class T, bool kLastRowsFirst = false, bool kProduct = false>
 __device__ void normalize_rows(FinishParams<T> const& p) {
-  using Vec = Vector16<T>;
-  constexpr int kCols = kLanesPerRow * Vec::kSize;  // columns per stripe
-  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
-  __shared__ float alpha_s[kCols], delta_s[kCols];
-  const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
-  const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
-  const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
-  for (int item = kLastRowsFirst ? last_item : first; kLastRowsFirst ? item >= 0 : item < p.items;
-       item += kLastRowsFirst ? -blocks : blocks) {  // uniform across the block
-    const int stripe = item % p.stripes;
-    const int64_t chunk = item / p.stripes;
-    const int col0 = stripe * kCols;
-    __syncthreads();  // the previous item's reads of alpha_s/delta_s are done
-    for (int c = threadIdx.x; c < kCols; c += kThreads) {
-      const int col = col0 + c;
-      float alpha = 0.f, delta = 0.f;
-      if (col < p.N) {
-        alpha = static_cast<float>(load_or(p.gamma, col, 1.0)) * p.save_invstd[col];
-        delta = fmaf(-p.save_mean[col], alpha, static_cast<float>(load_or(p.beta, col, 0.0)));
-      }
-      alpha_s[c] = alpha, delta_s[c] = delta;
+  if (p.claim_counter == nullptr) {
+    const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+    const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
+    for (int item = kLastRowsFirst ? last_item : first; kLastRowsFirst ? item >= 0 : item < p.items;
+         item += kLastRowsFirst ? -blocks : blocks) {
+      normalize_item<T, kLastRowsFirst, kProduct>(p, item);
     }
+    return;
+  }
+  __shared__ int claimed[2];  // alternate slots: a slot is rewritten two claims later, after a barrier
+  if (threadIdx.x == 0) claimed[0] = atomicAdd(p.claim_counter, 1);
+  __syncthreads();
+  int item = claimed[0];
+  for (int k = 1; item < p.items; ++k) {  // uniform across the block
+    if (threadIdx.x == 0) claimed[k & 1] = atomicAdd(p.claim_counter, 1);
+    normalize_item<T, kLastRowsFirst, kProduct>(p, item);
     __syncthreads();
-
-    const int vector_col = col0 + lane * Vec::kSize;
-    if (vector_col >= p.N) continue;
-    float alpha[Vec::kSize], delta[Vec::kSize];
-#pragma unroll
-    for (int i = 0; i < Vec::kSize; ++i) alpha[i] = alpha_s[lane * Vec::kSize + i], delta[i] = delta_s[lane * Vec::kSize + i];
-    float bias[Vec::kSize], scale[Vec::kSize];
-    if constexpr (kProduct) load_bias_scale(p, vector_col, bias, scale);
-    const int64_t row_begin = chunk * p.rows_per_chunk;
-    const int64_t row_end = min(p.M, row_begin + p.rows_per_chunk);
-    const int64_t last_pass = row_begin + (row_end - row_begin - 1) / kPassRows * kPassRows;
-    for (int64_t r = (kLastRowsFirst ? last_pass : row_begin) + row_in_pass;
-         kLastRowsFirst ? r >= row_begin : r < row_end; r += kLastRowsFirst ? -kPassRows : kPassRows) {
-      Vec v[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t row = r + u * kRowsPerPass;
-        if (row < row_end) v[u].load(p.y + row * p.N + vector_col);
-      }
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t row = r + u * kRowsPerPass;
-        if (row >= row_end) continue;
-        if constexpr (kProduct) {
-#pragma unroll
-          for (int i = 0; i < Vec::kSize; ++i) v[u].set(i, product_to_y<T>(v[u].get(i), bias[i], scale[i]));
-          if (p.pre_norm != nullptr) v[u].store(p.pre_norm + row * p.N + vector_col);
-        }
-#pragma unroll
-        for (int i = 0; i < Vec::kSize; ++i) v[u].set(i, fmaf(v[u].get(i), alpha[i], delta[i]));
-        v[u].store(p.out + row * p.N + vector_col);
-      }
-    }
+    item = claimed[k & 1];
   }
 }
 
@@ -331,7 +370,8 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
     default: merge_column_statistics<16, kMode>(p, lane_s1, lane_s2); break;
   }
   if constexpr (kMode == FinishMode::moments) return;  // every block: no phase 2
-  cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes before phase 2's reads
+  if (p.claim_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.claim_counter = 0;
+  cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes (and the zeroed counter) before phase 2
   normalize_rows<T, /*kLastRowsFirst=*/kFromY, kProduct>(p);
 }
 
@@ -351,6 +391,9 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
   if (a.pre_norm && !is_aligned16(a.pre_norm)) return Status::invalid("pre_norm must be 16-byte aligned");
   if (ranks && (a.ranks < 1 || a.partials_from_y)) {
     return Status::invalid("rank_moments needs ranks >= 1 and takes the partials' place (no partials_from_y)");
+  }
+  if (!a.moments && (!a.workspace || !is_aligned16(a.workspace))) {
+    return Status::invalid("workspace (finish_workspace_bytes(N) bytes, 16-byte aligned) is required");
   }
   if (a.moments && (a.running_mean || a.running_var || a.batches_tracked)) {
     return Status::invalid("moments: no running statistics or batches_tracked (the launch with rank_moments has them)");
@@ -390,12 +433,29 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
   return Status::success();
 }
 
+// Whether phase 2 claims its items, one pass of rows each (normalize_rows), instead of walking the static chunks: where
+// a resident block's share of y is at least kClaimBytesPerBlock. Claims need an item per pass, and below that share
+// the few passes of a static chunk lose less to the slowest block than the claims cost (perf/NOTES.md v31).
+// GEMMBN_FINISH_CLAIMS=0|1 overrides it (tests run both walks; perf A/B runs). Not the y-pass variants: their phase 2
+// walks phase 0's chunks last rows first, for L2.
+constexpr int64_t kClaimBytesPerBlock = int64_t(128) << 10;
+bool finish_claims_items(int64_t M, int N, int element_bytes, int blocks) {
+  if (const char* forced = std::getenv("GEMMBN_FINISH_CLAIMS"); forced && *forced) return forced[0] == '1';
+  return M * N * element_bytes >= kClaimBytesPerBlock * blocks;
+}
+
 template <class T, bool kFromY, FinishMode kMode = FinishMode::normalize, bool kProduct = false>
 Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   WorkItems work{};
   int max_blocks = 0;
   if (Status s = finish_work<T, kFromY>(a.M, a.N, work, max_blocks); !s) return s;
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  const int64_t claim_items = work.stripes * ((a.M + kPassRows - 1) / kPassRows);
+  const bool claims = !kFromY && kMode != FinishMode::moments &&
+                      claim_items <= std::numeric_limits<int>::max() - max_blocks &&
+                      finish_claims_items(a.M, a.N, sizeof(T), max_blocks);
+  if (claims) work.rows_per_chunk = kPassRows, work.items = claim_items;
   // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
   // each block would otherwise merge several column groups one after another.
   const int merge_columns = merge_columns_for(a.N);
@@ -419,11 +479,18 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
                     kRanks ? a.rank_moments : nullptr, kRanks ? 3 * N : N, a.moments,
                     static_cast<const T*>(a.product_bias), static_cast<const T*>(a.product_scale),
                     static_cast<T*>(a.pre_norm)};
+  if (kMode != FinishMode::moments) {  // the workspace: alpha [N], delta [N], the counter
+    p.alpha = static_cast<float*>(a.workspace);
+    p.delta = p.alpha + N;
+    if (claims) p.claim_counter = reinterpret_cast<int*>(p.delta + N);
+  }
   return Status::from_cuda(launch_cooperative(kernel, blocks, kThreads, p, stream),
                            "launching finish_normalize (cooperative)");
 }
 
 }  // namespace
+
+size_t finish_workspace_bytes(int N) { return sizeof(float) * 2 * size_t(N) + 16; }
 
 Status finish_partial_rows(DType dtype, int M, int N, int& rows) {
   rows = 0;

@@ -47,6 +47,7 @@ TrainingLaunch training_launch(Tensor& x, Tensor& weight, OptionalTensor& bias, 
   Tensor y = empty(x, {M, N}, p.dtype);
   // Per (row block, column) mean and M2 of y as stored: the means, then the M2s.
   const size_t partials_at = scratch.add(sizeof(float) * 2 * tiles * N);
+  const size_t finish_at = scratch.add(gemmbn::finish_workspace_bytes(g.N));
   static float statistics_marker;  // the workspace query reads only whether partials are given
   if (!from_y) g.partial_mean = g.partial_m2 = &statistics_marker;
   const std::optional<size_t> workspace_at = cublas ? std::nullopt : reserve_workspace(g, scratch);
@@ -59,6 +60,7 @@ TrainingLaunch training_launch(Tensor& x, Tensor& weight, OptionalTensor& bias, 
   f.M = g.M, f.N = g.N, f.tile_rows = tile_rows, f.partials_from_y = from_y;
   f.partial_mean = scratch.at<float>(partials_at);
   f.partial_m2 = f.partial_mean + tiles * N;
+  f.workspace = scratch.at<char>(finish_at);
   if (!from_y) g.partial_mean = f.partial_mean, g.partial_m2 = f.partial_m2;
   if (cublas) f.product_bias = g.bias, f.product_scale = g.scale;
   return {g, f, y};
@@ -175,6 +177,10 @@ std::tuple<Tensor, Tensor, Tensor> normalize_from_moments(
   Tensor out = empty(y, {M, N}, p.dtype);
   Tensor save_mean = empty(y, {N}, ScalarType::Float);
   Tensor save_invstd = empty(y, {N}, ScalarType::Float);
+  Scratch scratch;
+  const size_t finish_at = scratch.add(gemmbn::finish_workspace_bytes(N));
+  scratch.allocate(y);
+  f.workspace = scratch.at<char>(finish_at);
   f.y = y.data_ptr(), f.out = out.data_ptr();
   f.save_mean = static_cast<float*>(save_mean.data_ptr());
   f.save_invstd = static_cast<float*>(save_invstd.data_ptr());

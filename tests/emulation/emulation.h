@@ -96,6 +96,7 @@ inline unsigned atomicMax(unsigned* address, unsigned v) {
   }
   return old;
 }
+inline int atomicAdd(int* address, int v) { return std::atomic_ref<int>(*address).fetch_add(v); }
 inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
 inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
 inline float __int_as_float(int i) { return std::bit_cast<float>(i); }

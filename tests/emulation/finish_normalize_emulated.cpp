@@ -35,10 +35,11 @@ struct Worst {
 // The partials' source: the GEMM epilogue's (given, exact per tile), or the y-pass variant's own pass (per row chunk
 // of its work items, over NaN poison, batches_tracked incremented; its phase 2 walks rows last first), or three
 // ranks' moments (the synchronized forward's two launches: run_ranks), or the product variant's pass (the buffer holds
-// x W^T alone, a cuBLAS product; the variant forms y = (v + b) s, takes the y pass over it and writes y back in place).
-enum Source { kEpilogue, kYPass, kRanks, kProduct };
+// x W^T alone, a cuBLAS product; the variant forms y = (v + b) s, takes the y pass over it and writes y back in place),
+// or the epilogue's with phase 2's items (a pass of rows each) claimed from a counter (poisoned: the launch zeroes it).
+enum Source { kEpilogue, kYPass, kRanks, kProduct, kClaims };
 const char* source_name(Source s) {
-  return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : "product";
+  return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : s == kProduct ? "product" : "claims";
 }
 
 // The epilogue's partials of rows [begin, end) of y [*, N]: mean and M2 per tile of tile_rows rows, in fp64, rounded
@@ -180,7 +181,9 @@ Worst run_case(const Case& c, Source source) {
                     gamma.data(), beta.data(), running_mean.data(), running_var.data(), &batches_tracked,
                     c.cumulative, momentum, eps, save_mean.data(), save_invstd.data(), merge_columns_for(N),
                     work.stripes, work.rows_per_chunk, int(work.items)};
-  bool ranks_agree = true, y_written = true;
+  std::vector<float> factors(2 * size_t(N), NAN);  // the workspace's alpha and delta (poisoned: phase 1 writes them)
+  p.alpha = factors.data(), p.delta = factors.data() + N;
+  bool ranks_agree = true, y_written = true, claims_counted = true;
   if (source == kRanks) {
     ranks_agree = run_ranks(c, y, out, p);
   } else if (product) {
@@ -199,6 +202,12 @@ Worst run_case(const Case& c, Source source) {
     y_written = std::memcmp(y.data(), stored.data(), M * N * sizeof(T)) == 0;  // pre_norm: y as stored, bitwise
   } else if (source == kYPass) {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true>(p); });
+  } else if (source == kClaims) {
+    int counter = 12345;
+    const int64_t pass_rows = kRowsPerPass * kUnroll;
+    p.rows_per_chunk = pass_rows, p.items = int(work.stripes * ((M + pass_rows - 1) / pass_rows)), p.claim_counter = &counter;
+    emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
+    claims_counted = counter == p.items + 1;  // one claim per item, and the one that found none
   } else {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
   }
@@ -235,6 +244,7 @@ Worst run_case(const Case& c, Source source) {
   if (source == kRanks && batches_tracked != 5) worst.running = 1e30;  // the caller counts it, not the launches
   if (!ranks_agree) worst.running = 1e30;  // every rank holds bitwise the same statistics
   if (!y_written) worst.out = 1e30;        // the product variant's kept y is the epilogue's, bit for bit
+  if (!claims_counted) worst.out = 1e30;   // the launch zeroed the counter and claimed every item once
   return worst;
 }
 
@@ -298,7 +308,7 @@ int main() {
   };
   bool ok = check_fold<float>("float32") & check_fold<__nv_bfloat16>("bfloat16") & check_fold<__half>("float16");
   for (const Case& c : cases) {
-    for (Source source : {kEpilogue, kYPass, kRanks, kProduct}) {
+    for (Source source : {kEpilogue, kYPass, kRanks, kProduct, kClaims}) {
       ok &= check<float>("float32", c, source);
       ok &= check<__nv_bfloat16>("bfloat16", c, source);
       ok &= check<__half>("float16", c, source);

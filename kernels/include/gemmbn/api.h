@@ -184,7 +184,12 @@ struct FinishNormalizeArgs {
   const void* product_bias = nullptr;
   const void* product_scale = nullptr;
   void* pre_norm = nullptr;
+  // finish_workspace_bytes(N) bytes of device memory, 16-byte aligned, for a normalizing launch (not moments): the
+  // columns' alpha and delta from the statistics, and the counter its blocks claim normalize work items from where the
+  // rule says so. Set up by the launch itself: its contents before and after mean nothing.
+  void* workspace = nullptr;
 };
+size_t finish_workspace_bytes(int N);
 Status finish_normalize(const FinishNormalizeArgs& args, cudaStream_t stream);
 // finish_normalize's argument checks alone (what it would refuse), without a launch.
 Status finish_normalize_check(const FinishNormalizeArgs& args);
