@@ -434,11 +434,12 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
 }
 
 // Whether phase 2 claims its items, one pass of rows each (normalize_rows), instead of walking the static chunks: where
-// a resident block's share of y is at least kClaimBytesPerBlock. Claims need an item per pass, and below that share
-// the few passes of a static chunk lose less to the slowest block than the claims cost (perf/NOTES.md v31).
-// GEMMBN_FINISH_CLAIMS=0|1 overrides it (tests run both walks; perf A/B runs). Not the y-pass variants: their phase 2
-// walks phase 0's chunks last rows first, for L2.
-constexpr int64_t kClaimBytesPerBlock = int64_t(128) << 10;
+// a resident block's share of y is at least kClaimBytesPerBlock (bf16 from 99 MiB of y, fp32 from 132 MiB on an
+// H200). Alone, with L2 flushed, claims win from 64 MiB; after the GEMM, with part of y in L2, the forward gained at
+// 128 MiB of bf16 and 256 of fp32 but lost 0.1-0.4% at 64 MiB of bf16 and was mixed at 128 MiB of fp32
+// (perf/NOTES.md v31). GEMMBN_FINISH_CLAIMS=0|1 overrides it (tests run both walks; perf A/B runs). Not the y-pass
+// variants: their phase 2 walks phase 0's chunks last rows first, for L2.
+constexpr int64_t kClaimBytesPerBlock = int64_t(256) << 10;
 bool finish_claims_items(int64_t M, int N, int element_bytes, int blocks) {
   if (const char* forced = std::getenv("GEMMBN_FINISH_CLAIMS"); forced && *forced) return forced[0] == '1';
   return M * N * element_bytes >= kClaimBytesPerBlock * blocks;
