@@ -300,8 +300,9 @@ def test_finish_survives_an_outlying_first_tile(mean_offset):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_finish_claims_match_the_static_walk(dtype, monkeypatch):
     # Phase 2's items claimed from a counter (GEMMBN_FINISH_CLAIMS=1; the rule's choice for large launches) or walked
-    # statically (=0) run the same arithmetic per element: the same bits out, in the statistics and the running
-    # statistics, and both against float64. M is no multiple of the 64-row pass, N spans stripes and a partial one.
+    # statically (=0) run the same arithmetic per element: the same bits in the output, the statistics and the running
+    # statistics, and the output and statistics against float64. M is no multiple of the 64-row pass, N spans stripes
+    # and a partial one.
     M, N, tile_rows = 3001, 1032, 64
     g = torch.Generator(device="cuda").manual_seed(12)
     y = (3 + torch.randn(M, N, device="cuda", generator=g, dtype=torch.float64)).to(dtype)
