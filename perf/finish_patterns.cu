@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gemmbn/elementwise.cuh"
@@ -280,62 +281,53 @@ void plan(Params& p, int cols, int max_blocks, int64_t row_step) {
   p.stripes = work.stripes, p.rows_per_chunk = work.rows_per_chunk, p.items = int(work.items);
 }
 
+// A kernel as a type, so that a generic lambda can launch it with <<<>>>.
+template <auto kKernel>
+using KernelConstant = std::integral_constant<decltype(kKernel), kKernel>;
+
 struct Candidate {
   std::string name;
   std::function<void(cudaStream_t)> launch;
   std::function<void(cudaStream_t)> prepare = nullptr;  // before the timed launch (the claim counter's reset)
 };
 
-// grid R, claim R, finish claim R and finish split R for items of `rows` rows.
+// grid R, claim R (plain, early, early min3), finish claim R (plain, early) and finish split R for items of `rows`
+// rows.
 template <class T>
 void add_balanced(std::vector<Candidate>& out, Params base, int sms, int rows, int* counter) {
   using S = Stripes<T, 32, 8>;
   Params p = base;
   p.stripes = (p.N + S::kCols - 1) / S::kCols, p.rows_per_chunk = rows;
   p.items = int(p.stripes * ((p.M + rows - 1) / rows));
+  const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
   const std::string r = std::to_string(rows);
   out.push_back({"grid " + r + " (" + std::to_string(p.items) + " blocks)",
                  [p](cudaStream_t s) { grid_kernel<T, false><<<p.items, kThreads, 0, s>>>(p); }});
   auto reset = [counter](cudaStream_t s) { CHECK(cudaMemsetAsync(counter, 0, sizeof(int), s)); };
-  const int claim_blocks = std::min(p.items, resident<&claim_kernel<T, false>>(sms));
-  out.push_back({"claim " + r + " (" + std::to_string(claim_blocks) + " blocks)",
-                 [p, claim_blocks, counter](cudaStream_t s) {
-                   claim_kernel<T, false><<<claim_blocks, kThreads, 0, s>>>(p, counter);
-                 },
-                 reset});
-  const int groups = (p.N + kMergeColumns - 1) / kMergeColumns;
-  const int finish_blocks = std::min(resident<&claim_kernel<T, true>>(sms), std::max(p.items, groups));
-  out.push_back({"finish claim " + r + " (" + std::to_string(finish_blocks) + " blocks)",
-                 [p, finish_blocks, counter](cudaStream_t s) {
-                   Params q = p;
-                   int* c = counter;
-                   void* args[] = {&q, &c};
-                   CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&claim_kernel<T, true>),
-                                                     dim3(finish_blocks), dim3(kThreads), args, 0, s));
-                 },
-                 reset});
-  const int early_blocks = std::min(p.items, resident<&claim_kernel<T, false, true>>(sms));
-  out.push_back({"claim early " + r + " (" + std::to_string(early_blocks) + " blocks)",
-                 [p, early_blocks, counter](cudaStream_t s) {
-                   claim_kernel<T, false, true><<<early_blocks, kThreads, 0, s>>>(p, counter);
-                 },
-                 reset});
-  const int early3_blocks = std::min(p.items, resident<&claim_kernel<T, false, true, 3>>(sms));
-  out.push_back({"claim early min3 " + r + " (" + std::to_string(early3_blocks) + " blocks)",
-                 [p, early3_blocks, counter](cudaStream_t s) {
-                   claim_kernel<T, false, true, 3><<<early3_blocks, kThreads, 0, s>>>(p, counter);
-                 },
-                 reset});
-  const int early_finish = std::min(resident<&claim_kernel<T, true, true>>(sms), std::max(p.items, groups));
-  out.push_back({"finish claim early " + r + " (" + std::to_string(early_finish) + " blocks)",
-                 [p, early_finish, counter](cudaStream_t s) {
-                   Params q = p;
-                   int* c = counter;
-                   void* args[] = {&q, &c};
-                   CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&claim_kernel<T, true, true>),
-                                                     dim3(early_finish), dim3(kThreads), args, 0, s));
-                 },
-                 reset});
+  // A claim_kernel variant on its resident blocks (at most one per item; the finish's at least one per merge group),
+  // cooperatively where it has phase 1 and the grid barrier.
+  auto add_claims = [&](auto kernel_constant, const std::string& label, bool finish) {
+    constexpr auto kernel = decltype(kernel_constant)::value;
+    const int blocks = std::min(resident<kernel>(sms), finish ? std::max(p.items, groups) : p.items);
+    out.push_back({label + " " + r + " (" + std::to_string(blocks) + " blocks)",
+                   [p, blocks, counter, finish](cudaStream_t s) {
+                     if (!finish) {
+                       kernel<<<blocks, kThreads, 0, s>>>(p, counter);
+                       return;
+                     }
+                     Params q = p;
+                     int* c = counter;
+                     void* args[] = {&q, &c};
+                     CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(blocks),
+                                                       dim3(kThreads), args, 0, s));
+                   },
+                   reset});
+  };
+  add_claims(KernelConstant<&claim_kernel<T, false>>{}, "claim", false);
+  add_claims(KernelConstant<&claim_kernel<T, true>>{}, "finish claim", true);
+  add_claims(KernelConstant<&claim_kernel<T, false, true>>{}, "claim early", false);
+  add_claims(KernelConstant<&claim_kernel<T, false, true, 3>>{}, "claim early min3", false);
+  add_claims(KernelConstant<&claim_kernel<T, true, true>>{}, "finish claim early", true);
   out.push_back({"finish split " + r, [p, groups](cudaStream_t s) {
                    merge_kernel<<<groups, kThreads, 0, s>>>(p);
                    grid_kernel<T, true><<<p.items, kThreads, 0, s>>>(p);
@@ -374,12 +366,9 @@ void add_stripes(std::vector<Candidate>& out, Params base, int sms) {
                                                        dim3(grid), dim3(kThreads), args, 0, s));
                    }});
   };
-  add_finish(std::integral_constant<decltype(&finish_kernel<T, kLanes, kUnroll, 0>),
-                                    &finish_kernel<T, kLanes, kUnroll, 0>>{}, "finish");
-  add_finish(std::integral_constant<decltype(&finish_kernel<T, kLanes, kUnroll, 1>),
-                                    &finish_kernel<T, kLanes, kUnroll, 1>>{}, "finish+prefetch");
-  add_finish(std::integral_constant<decltype(&finish_kernel<T, kLanes, kUnroll, 2>),
-                                    &finish_kernel<T, kLanes, kUnroll, 2>>{}, "finish+prefetch all");
+  add_finish(KernelConstant<&finish_kernel<T, kLanes, kUnroll, 0>>{}, "finish");
+  add_finish(KernelConstant<&finish_kernel<T, kLanes, kUnroll, 1>>{}, "finish+prefetch");
+  add_finish(KernelConstant<&finish_kernel<T, kLanes, kUnroll, 2>>{}, "finish+prefetch all");
 }
 
 template <class T>
