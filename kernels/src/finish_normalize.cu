@@ -73,8 +73,8 @@ struct FinishParams {
   // Phase 1's per-column factors for phase 2 (the workspace): out = y alpha + delta.
   float* alpha = nullptr;
   float* delta = nullptr;
-  // Phase 2's items claimed in order from this counter (zeroed by block 0 before the grid barrier) instead of walked
-  // statically; null: the static walk (finish_claims_items).
+  // Phase 2's items claimed from this counter, last item first (zeroed by block 0 before the grid barrier), instead of
+  // walked statically; null: the static walk (finish_claims_items).
   int* claim_counter = nullptr;
 };
 
@@ -327,7 +327,8 @@ __device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int ite
 // Phase 2 over every item. Statically, block b takes items b, b + blocks, ... (kLastRowsFirst: the same items, last
 // first); with claim_counter, each block claims its next item while the current one streams, so a block on an SM with
 // less of the memory bandwidth takes fewer items (the static walk ends on its slowest block; phase 2 alone at
-// 16384x4096: 92% of a device copy static, 97-99% claimed, perf/NOTES.md v31).
+// 16384x4096: 92% of a device copy static, 97-99% claimed, perf/NOTES.md v31). Claims go last item first: the rows
+// the GEMM wrote last are the likeliest still in L2 (0.1-0.2% off the forward at 128 MiB of y, perf/NOTES.md v32).
 template <class T, bool kLastRowsFirst = false, bool kProduct = false>
 __device__ void normalize_rows(FinishParams<T> const& p) {
   if (p.claim_counter == nullptr) {
@@ -345,7 +346,7 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
   int item = claimed[0];
   for (int k = 1; item < p.items; ++k) {  // uniform across the block
     if (threadIdx.x == 0) claimed[k & 1] = atomicAdd(p.claim_counter, 1);
-    normalize_item<T, kLastRowsFirst, kProduct>(p, item);
+    normalize_item<T, kLastRowsFirst, kProduct>(p, p.items - 1 - item);
     __syncthreads();
     item = claimed[k & 1];
   }
@@ -434,15 +435,25 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
 }
 
 // Whether phase 2 claims its items, one pass of rows each (normalize_rows), instead of walking the static chunks: where
-// a resident block's share of y is at least kClaimBytesPerBlock (bf16 from 99 MiB of y, fp32 from 132 MiB on an
-// H200). Alone, with L2 flushed, claims win from 64 MiB; after the GEMM, with part of y in L2, the forward gained at
-// 128 MiB of bf16 and 256 of fp32 but lost 0.1-0.4% at 64 MiB of bf16 and was mixed at 128 MiB of fp32
-// (perf/NOTES.md v31). GEMMBN_FINISH_CLAIMS=0|1 overrides it (tests run both walks; perf A/B runs). Not the y-pass
-// variants: their phase 2 walks phase 0's chunks last rows first, for L2.
+// a claiming block's share of y is at least kClaimBytesPerBlock (from 66 MiB of y on an H200). Alone, with L2 flushed,
+// claims win from 64 MiB; after the GEMM, with part of y in L2, the forward gained at 128 MiB and more but was even at
+// 64 MiB (perf/NOTES.md v31, v32). GEMMBN_FINISH_CLAIMS=0|1 overrides it (tests run both walks; perf A/B runs). Not
+// the y-pass variants: their phase 2 walks phase 0's chunks last rows first, for L2.
 constexpr int64_t kClaimBytesPerBlock = int64_t(256) << 10;
 bool finish_claims_items(int64_t M, int N, int element_bytes, int blocks) {
   if (const char* forced = std::getenv("GEMMBN_FINISH_CLAIMS"); forced && *forced) return forced[0] == '1';
   return M * N * element_bytes >= kClaimBytesPerBlock * blocks;
+}
+// A claimed launch's blocks: two per SM at most (fewer streams in flight, the same bytes each: 1-3% faster alone than
+// three or four per SM at 16-256 MiB of y, 0.1-0.3% in the forward; perf/NOTES.md v32).
+constexpr int kClaimBlocksPerSm = 2;
+Status claiming_blocks(int max_blocks, int& blocks) {
+  int device = 0, sm_count = 0;
+  if (cudaError_t e = current_device_info(device, sm_count); e != cudaSuccess) {
+    return Status::from_cuda(e, "querying the SM count");
+  }
+  blocks = std::min(max_blocks, kClaimBlocksPerSm * sm_count);
+  return Status::success();
 }
 
 template <class T, bool kFromY, FinishMode kMode = FinishMode::normalize, bool kProduct = false>
@@ -453,10 +464,14 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
   const int64_t claim_items = work.stripes * ((a.M + kPassRows - 1) / kPassRows);
-  const bool claims = !kFromY && kMode != FinishMode::moments &&
-                      claim_items <= std::numeric_limits<int>::max() - max_blocks &&
-                      finish_claims_items(a.M, a.N, sizeof(T), max_blocks);
-  if (claims) work.rows_per_chunk = kPassRows, work.items = claim_items;
+  bool claims = false;
+  if constexpr (!kFromY && kMode != FinishMode::moments) {
+    int claim_blocks = 0;
+    if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
+    claims = claim_items <= std::numeric_limits<int>::max() - claim_blocks &&
+             finish_claims_items(a.M, a.N, sizeof(T), claim_blocks);
+    if (claims) work.rows_per_chunk = kPassRows, work.items = claim_items, max_blocks = claim_blocks;
+  }
   // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
   // each block would otherwise merge several column groups one after another.
   const int merge_columns = merge_columns_for(a.N);
