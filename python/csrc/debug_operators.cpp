@@ -180,10 +180,7 @@ void finish_normalize(Tensor y, Tensor out, Tensor partial_mean, Tensor partial_
   a.eps = eps;
   a.save_mean = float_pointer(save_mean, "save_mean", p, {a.N});
   a.save_invstd = float_pointer(save_invstd, "save_invstd", p, {a.N});
-  Scratch scratch;
-  const size_t finish_at = scratch.add(gemmbn::finish_workspace_bytes(a.N));
-  scratch.allocate(y);
-  a.workspace = scratch.at<char>(finish_at);
+  const Scratch scratch = bind_finish_workspace(a, y);
   raise_on_error(gemmbn::finish_normalize(a, current_stream(p.device)));
 }
 

@@ -229,6 +229,16 @@ class Scratch {
   char* base_ = nullptr;
 };
 
+// A finish launch's workspace (finish_workspace_bytes) where it is the call's only scratch, bound to f.workspace; the
+// returned Scratch holds it until the launch is queued.
+inline Scratch bind_finish_workspace(gemmbn::FinishNormalizeArgs& f, const Tensor& like) {
+  Scratch scratch;
+  const size_t at = scratch.add(gemmbn::finish_workspace_bytes(f.N));
+  scratch.allocate(like);
+  f.workspace = scratch.at<char>(at);
+  return scratch;
+}
+
 // The split GEMM's B operand (split_weight's or split_columns's pair for a's N rows over K) checked and bound to a,
 // and x_scale's place reserved in `scratch` (returned; bind_scratch points a at it once allocated).
 inline size_t bind_split_operand(gemmbn::GemmScaleStatsArgs& a, const Tensor& split, const Tensor& unscale,

@@ -177,10 +177,7 @@ std::tuple<Tensor, Tensor, Tensor> normalize_from_moments(
   Tensor out = empty(y, {M, N}, p.dtype);
   Tensor save_mean = empty(y, {N}, ScalarType::Float);
   Tensor save_invstd = empty(y, {N}, ScalarType::Float);
-  Scratch scratch;
-  const size_t finish_at = scratch.add(gemmbn::finish_workspace_bytes(N));
-  scratch.allocate(y);
-  f.workspace = scratch.at<char>(finish_at);
+  const Scratch scratch = bind_finish_workspace(f, y);
   f.y = y.data_ptr(), f.out = out.data_ptr();
   f.save_mean = static_cast<float*>(save_mean.data_ptr());
   f.save_invstd = static_cast<float*>(save_invstd.data_ptr());
