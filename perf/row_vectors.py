@@ -6,7 +6,9 @@ forward's launch) with each set of its vectors given, in one process.
 y = ((x W^T + b) s) g + h with b, s (the layer's bias and scale, in the data's dtype) and g, h (the eval fold's gain
 and shift, float32) each given or left null (the identity), on the row select_config picks for a launch without
 partials. Candidates are timed interleaved, L2 flushed before each call (gemmbn.timing), `rounds` times. The eval
-forward launches (g, h), the training forward (b, s); "none" is the floor the vectors add to (perf/NOTES.md v26).
+forward launches (g, h), the training forward (b, s); "none" is the floor the vectors add to (perf/NOTES.md v26);
+"g,h=b,s" gives g = s and h = b s in float32, the (b, s) launch's output through the float vectors: the vectors' type
+against the output's values (perf/NOTES.md v32).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from gemmbn import debug, timing
 
 SIZES = "16384 512 8192;4096 512 8192;65536 512 512;16384 4096 4096"
 CONFIGS = {"tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-VECTOR_SETS = ("none", "b", "g", "b,s", "g,h", "b,s,g,h")
+VECTOR_SETS = ("none", "b", "g", "b,s", "g,h", "b,s,g,h", "g,h=b,s")
 
 
 def main() -> None:
@@ -57,7 +59,10 @@ def main() -> None:
             given = {"b": b, "s": s, "g": g, "h": h}
 
             def launch(names: str):
-                v = [given[n] if n in names.split(",") else None for n in "bsgh"]
+                if names == "g,h=b,s":
+                    v = [None, None, s.float(), b.float() * s.float()]
+                else:
+                    v = [given[n] if n in names.split(",") else None for n in "bsgh"]
                 return lambda: debug.gemm_scale_stats(x, w, y, *v, None, None, None, workspace=workspace)
 
             row = debug.gemm_selected_config(str(dtype).removeprefix("torch."), M, N, K, statistics=False)
