@@ -148,20 +148,9 @@ struct Stripes {
   __device__ static int64_t first_row(Params const& p, int item) {
     return item / p.stripes * p.rows_per_chunk + threadIdx.x / kLanes;
   }
-
-  // One item (stripe, row chunk) start to end: every pass's loads, then its stores. kEarly: the first pass's loads of
-  // y are issued before the column factors' (so the two latencies overlap).
-  template <bool kFromStats, bool kEarly = false>
-  __device__ static void item_rows(Params const& p, int item) {
-    T* y = static_cast<T*>(p.y);
-    const int stripe = item % p.stripes;
-    const int64_t chunk = item / p.stripes, row_end = min(p.M, (chunk + 1) * p.rows_per_chunk);
-    const int col = stripe * kCols + int(threadIdx.x % kLanes) * V::kSize;
-    if (col >= p.N) return;
-    V v[kUnroll];
-    const int64_t first = first_row(p, item);
-    if (kEarly) load_pass(p, item, first, v);
-    float a[V::kSize], d[V::kSize];
+  // A thread's column factors: out = y a + d.
+  template <bool kFromStats>
+  __device__ static void load_factors(Params const& p, int col, float (&a)[V::kSize], float (&d)[V::kSize]) {
 #pragma unroll
     for (int k = 0; k < V::kSize; ++k) {
       if constexpr (kFromStats) {
@@ -170,47 +159,53 @@ struct Stripes {
         a[k] = p.alpha[col + k], d[k] = p.delta[col + k];
       }
     }
+  }
+  // One loaded pass from row r: y = y a + d, stored in place.
+  __device__ static void store_pass(Params const& p, int64_t r, int64_t row_end, int col, V (&v)[kUnroll],
+                                    float const (&a)[V::kSize], float const (&d)[V::kSize]) {
+    T* y = static_cast<T*>(p.y);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t row = r + u * kRowsPerPass;
+      if (row >= row_end) continue;
+#pragma unroll
+      for (int k = 0; k < V::kSize; ++k) v[u].set(k, fmaf(v[u].get(k), a[k], d[k]));
+      v[u].store(y + row * p.N + col);
+    }
+  }
+
+  // One item (stripe, row chunk) start to end: every pass's loads, then its stores. kEarly: the first pass's loads of
+  // y are issued before the column factors' (so the two latencies overlap).
+  template <bool kFromStats, bool kEarly = false>
+  __device__ static void item_rows(Params const& p, int item) {
+    const int stripe = item % p.stripes;
+    const int64_t chunk = item / p.stripes, row_end = min(p.M, (chunk + 1) * p.rows_per_chunk);
+    const int col = stripe * kCols + int(threadIdx.x % kLanes) * V::kSize;
+    if (col >= p.N) return;
+    V v[kUnroll];
+    const int64_t first = first_row(p, item);
+    if (kEarly) load_pass(p, item, first, v);
+    float a[V::kSize], d[V::kSize];
+    load_factors<kFromStats>(p, col, a, d);
     for (int64_t r = first; r < row_end; r += kPassRows) {
       if (!kEarly || r != first) load_pass(p, item, r, v);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t row = r + u * kRowsPerPass;
-        if (row >= row_end) continue;
-#pragma unroll
-        for (int k = 0; k < V::kSize; ++k) v[u].set(k, fmaf(v[u].get(k), a[k], d[k]));
-        v[u].store(y + row * p.N + col);
-      }
+      store_pass(p, r, row_end, col, v, a, d);
     }
   }
 
   template <bool kFromStats>
   __device__ static void run(Params const& p, V (&v)[kUnroll], bool preloaded) {
-    T* y = static_cast<T*>(p.y);
     for (int item = blockIdx.x; item < p.items; item += gridDim.x) {
       const int stripe = item % p.stripes;
       const int64_t chunk = item / p.stripes, row_end = min(p.M, (chunk + 1) * p.rows_per_chunk);
       const int col = stripe * kCols + int(threadIdx.x % kLanes) * V::kSize;
       if (col >= p.N) continue;
       float a[V::kSize], d[V::kSize];
-#pragma unroll
-      for (int k = 0; k < V::kSize; ++k) {
-        if constexpr (kFromStats) {
-          a[k] = p.invstd[col + k], d[k] = -p.mean[col + k] * a[k];
-        } else {
-          a[k] = p.alpha[col + k], d[k] = p.delta[col + k];
-        }
-      }
+      load_factors<kFromStats>(p, col, a, d);
       for (int64_t r = first_row(p, item); r < row_end; r += kPassRows) {
         if (!preloaded) load_pass(p, item, r, v);
         preloaded = false;
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t row = r + u * kRowsPerPass;
-          if (row >= row_end) continue;
-#pragma unroll
-          for (int k = 0; k < V::kSize; ++k) v[u].set(k, fmaf(v[u].get(k), a[k], d[k]));
-          v[u].store(y + row * p.N + col);
-        }
+        store_pass(p, r, row_end, col, v, a, d);
       }
     }
   }
