@@ -462,10 +462,10 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   int max_blocks = 0;
   if (Status s = finish_work<T, kFromY>(a.M, a.N, work, max_blocks); !s) return s;
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
-  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
-  const int64_t claim_items = work.stripes * ((a.M + kPassRows - 1) / kPassRows);
   bool claims = false;
   if constexpr (!kFromY && kMode != FinishMode::moments) {
+    constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+    const int64_t claim_items = work.stripes * ((a.M + kPassRows - 1) / kPassRows);
     int claim_blocks = 0;
     if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
     claims = claim_items <= std::numeric_limits<int>::max() - claim_blocks &&
