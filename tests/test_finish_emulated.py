@@ -3,8 +3,9 @@
 tests/emulation/finish_normalize_emulated.cpp compiles kernels/src/finish_normalize.cu with the emulation
 shim (tests/_emulation.py) and checks every phase against float64 for float32, bfloat16 and float16, with the
 partials given (the GEMM epilogue's), made by the kernel's own pass over y (whose phase 2 walks rows last first) and
-by the product variant's (y = (v + b) s formed from cuBLAS's x W^T, the kept y written back), and with phase 2's
-items claimed from a counter instead of walked statically; and fold_eval_affine;
+by the product variant's (y = (v + b) s formed from cuBLAS's x W^T, the kept y written back), with phase 2's
+items claimed from a counter instead of walked statically, and through the dataflow walk (its tile flow as a
+finished GEMM leaves it); and fold_eval_affine;
 the bounds and their reasons are in that file.
 """
 
@@ -16,4 +17,4 @@ def test_finish_normalize_on_the_cpu(tmp_path):
         "finish_normalize_source.cpp": cooperative_source(ROOT / "kernels" / "src" / "finish_normalize.cu"),
         "fold_eval_affine_source.cpp": kernels_only(ROOT / "kernels" / "src" / "fold_eval_affine.cu"),
     }
-    build_and_run(tmp_path, "finish_normalize_emulated.cpp", sources, expected_cases=3 + 90)
+    build_and_run(tmp_path, "finish_normalize_emulated.cpp", sources, expected_cases=3 + 108)

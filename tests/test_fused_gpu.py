@@ -239,6 +239,52 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
     assert torch.equal(model.bn.running_var, second.bn.running_var)
 
 
+# The finish's dataflow walk (api.h: FinishNormalizeArgs.tile_columns; forced through GEMMBN_FINISH_DATAFLOW, which the
+# operator reads per call): the GEMM counts its stored tiles per column tile and the finish, launched behind it, takes
+# each column tile's statistics and each stripe's rows as soon as they are stored. Shapes over the rows' column tiles
+# (128, 96 and 64 columns; a stream-K row), ragged M and N, a last partial wave (the benchmark shape), and momentum=None
+# (the finish waits for the GEMM's count of the batch).
+DATAFLOW_CASES = [
+    pytest.param(torch.bfloat16, "highest", (16384, 4096, 4096), 0.1, id="bf16-16384x4096x4096"),
+    pytest.param(torch.float32, "high", (16384, 4096, 4096), None, id="fp32-high-16384x4096x4096-cumulative"),
+    pytest.param(torch.float32, "highest", (4096, 1024, 1032), 0.1, id="fp32-highest-4096x1024x1032"),
+    pytest.param(torch.float16, "highest", (1000, 512, 264), None, id="fp16-1000x512x264-cumulative"),
+    pytest.param(torch.bfloat16, "highest", (1024, 1024, 1152), 0.1, id="bf16-1024x1024x1152"),
+    pytest.param(torch.float32, "high", (130, 512, 264), 0.1, id="fp32-high-130x512x264"),
+    pytest.param(torch.bfloat16, "highest", (256, 4096, 4096), 0.1, id="bf16-256x4096x4096"),
+    pytest.param(torch.float32, "high", STREAM_K, 0.1, id="fp32-high-stream-k-384x8192x4096"),
+    pytest.param(torch.bfloat16, "highest", (4096, 8192, 2048), 0.1, id="bf16-4096x8192x2048"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "precision", "shape", "momentum"), DATAFLOW_CASES)
+def test_dataflow_finish_matches_the_barrier_walk(dtype, precision, shape, momentum, monkeypatch):
+    """The dataflow walk runs the barrier walk's arithmetic per element: the same bits in the output, the running
+    statistics and the count, over two steps (the counters are zeroed on the stream before each GEMM); the output and
+    running statistics against float64."""
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")  # the walk takes the GEMM's partials
+    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
+    M, K, N = shape
+    model = _model(dtype, precision, K, N, momentum=momentum)
+    xs = [_x(M, K, dtype) for _ in range(2)]
+    xs[0][: max(1, M // 64)] *= 20  # the first rows far out
+    models = {walk: copy.deepcopy(model) for walk in ("0", "1")}
+    outs = {}
+    for walk, m in models.items():
+        monkeypatch.setenv("GEMMBN_FINISH_DATAFLOW", walk)
+        with fused_path(), torch.no_grad():
+            outs[walk] = [m(x).clone() for x in xs]
+    torch.cuda.synchronize()
+    for first, second in zip(outs["0"], outs["1"]):
+        assert torch.equal(first, second)
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(getattr(models["0"].bn, name), getattr(models["1"].bn, name)), name
+    assert models["1"].bn.num_batches_tracked.item() == 2
+    reference = copy.deepcopy(model)
+    out64, bn64 = float64_forward(reference, xs[0])
+    _assert_close_to_float64(outs["1"][0], out64, dtype, precision, "dataflow training output", M)
+
+
 # The training forward's product by cuBLAS (api.h: train_product_by_cublas; forced through GEMMBN_TRAIN_PRODUCT, which
 # the operator reads per call): torch's mm writes x W^T, the finish's product variant adds bias, scales, takes the
 # statistics from y and, when the backward keeps y, writes it. 16-bit only (the rule never takes it for float32).

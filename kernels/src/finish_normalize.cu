@@ -9,6 +9,8 @@
 //      and invstd saved, its running statistics updated and phase 2's factors alpha and delta written;
 //   2. normalize: the blocks stream rows of y through out = y * alpha[n] + delta[n], walking their work items
 //      statically or, at large launches, claiming them one pass of rows at a time (normalize_rows).
+// The training forward may run phases 1 and 2 as the dataflow walk instead (finish_dataflow_kernel): no barrier, each
+// column's statistics and each stripe's rows taken as soon as the GEMM running beside it has stored them.
 // The earlier design merged a block's columns in every block (the 33-66 blocks sharing a column stripe
 // each re-read its 128 tile partials) and left DRAM idle during that prologue: 0.224 ms for a pass
 // whose floor is 0.122 ms at 16384x4096 fp32. Tried and dropped (perf/NOTES.md v6-v7, v23, v27): streaming the
@@ -25,6 +27,7 @@
 #include "gemmbn/cooperative_launch.cuh"
 #include "gemmbn/device_info.h"
 #include "gemmbn/elementwise.cuh"
+#include "gemmbn/tile_flow.h"
 #include "gemmbn/work_items.h"
 
 namespace gemmbn {
@@ -39,6 +42,10 @@ constexpr int kUnroll = 8;                             // independent 16-byte lo
 // tiles (65536x512->512: 1024), so more threads per column means fewer dependent load rounds. The width
 // is chosen by N alone, so the summation order (and the bits) do not depend on the device.
 constexpr int kMergeBatch = 8;  // tiles per thread per load round (16 takes 113 registers: 2 blocks per SM)
+// The dataflow walk's limits: stripes (its blocks keep the stripe queue in shared memory once it is complete) and the
+// narrowest column tile (the workspace holds counters for N / 64 column tiles).
+constexpr int kMaxFlowStripes = 1024;
+constexpr int kMinFlowTileColumns = 64;
 inline int merge_columns_for(int N) { return N <= 1024 ? 4 : N <= 2048 ? 8 : 16; }
 
 template <class T>
@@ -76,6 +83,9 @@ struct FinishParams {
   // Phase 2's items claimed from this counter, last item first (zeroed by block 0 before the grid barrier), instead of
   // walked statically; null: the static walk (finish_claims_items).
   int* claim_counter = nullptr;
+  // The dataflow walk (finish_dataflow_kernel): the GEMM's flow counters (tile_flow.h) and its column tiles' width.
+  int* flow = nullptr;
+  int column_tiles = 0, tile_columns = 0;
 };
 
 // y = (v + b) s rounded to T (fp32 arithmetic, as the GEMM epilogue's): what the product variant reads for a stored v.
@@ -179,14 +189,13 @@ __device__ void partials_of_y(FinishParams<T> const& p) {
 // from_ranks: n_t is rank t's count, M their sum, c the first mean of a rank with rows (a rank without rows adds
 // nothing). moments: the launch writes rows, mean_y and M2 = M var_y instead of the statistics' uses.
 template <int merge_columns, FinishMode kMode, class T>
-__device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s1, double* lane_s2) {
+__device__ void merge_column_group(FinishParams<T> const& p, int group, double* lane_s1, double* lane_s2) {
   constexpr bool kRanks = kMode == FinishMode::from_ranks;
   constexpr int merge_lanes = kThreads / merge_columns;
   const int column_offset = threadIdx.x % merge_columns, tile_lane = threadIdx.x / merge_columns;
-  const int groups = (p.N + merge_columns - 1) / merge_columns;
   const int64_t stride = kRanks ? p.partial_stride : int64_t(p.N);
   auto tile_rows = [&](int t) { return static_cast<double>(min(int64_t(p.tile_rows), p.M - int64_t(t) * p.tile_rows)); };
-  for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
+  {
     const int col = group * merge_columns + column_offset;
     const bool valid = col < p.N;
     // The column's uses of its statistics (tile lane 0's), loaded before the partials so that their latency hides
@@ -268,6 +277,24 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
       }
     }
     __syncthreads();  // lane_s1/lane_s2 are reused by the next group
+  }
+}
+
+template <int merge_columns, FinishMode kMode, class T>
+__device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s1, double* lane_s2) {
+  const int groups = (p.N + merge_columns - 1) / merge_columns;
+  for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
+    merge_column_group<merge_columns, kMode>(p, group, lane_s1, lane_s2);
+  }
+}
+
+// One column group's statistics by merge_columns (finish_dataflow_kernel's jobs).
+template <class T>
+__device__ void merge_one_group(FinishParams<T> const& p, int group, double* lane_s1, double* lane_s2) {
+  switch (p.merge_columns) {
+    case 4: merge_column_group<4, FinishMode::normalize>(p, group, lane_s1, lane_s2); break;
+    case 8: merge_column_group<8, FinishMode::normalize>(p, group, lane_s1, lane_s2); break;
+    default: merge_column_group<16, FinishMode::normalize>(p, group, lane_s1, lane_s2); break;
   }
 }
 
@@ -376,6 +403,87 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
   normalize_rows<T, /*kLastRowsFirst=*/kFromY, kProduct>(p);
 }
 
+// The dataflow walk (train_forward with the GEMM's tile flow, tile_flow.h; perf/NOTES.md v33), launched while the GEMM
+// still runs and without a grid barrier. A block claims statistics jobs (one column group) while any are left, each
+// once the GEMM has stored every row tile of its column tile, and queues a stripe once all its groups are done; then it
+// claims normalize items (a pass of rows of a stripe, in the order the stripes were queued, last rows first), each
+// once its stripe is queued. Neither wait can deadlock: column tiles are counted by the GEMM alone, and every job has
+// been claimed, by a running block, before any block claims an item. Per element the arithmetic is the barrier walk's
+// (merge_column_group, normalize_item): the same bits.
+template <class T>
+__global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<T> p) {
+  constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  __shared__ double lane_s1[kThreads], lane_s2[kThreads];
+  __shared__ int job[1], stripe_of[kMaxFlowStripes], claimed[2][2], queue_complete;
+  int* const flow = p.flow;
+  const int* const tiles_done = TileFlow::tiles_done(flow);
+  const int tile_count = TileFlow::kLanes * p.tiles;  // a column tile's count once every row tile is stored
+  int* const stripe_groups = TileFlow::stripe_groups(flow, p.column_tiles);
+  int* const stripe_queue = TileFlow::stripe_queue(flow, p.column_tiles, p.stripes);
+  const int groups_per_tile = p.tile_columns / p.merge_columns, jobs = p.column_tiles * groups_per_tile;
+  // Statistics jobs: job j is column group j, of column tile j / groups_per_tile.
+  for (;;) {
+    if (threadIdx.x == 0) {
+      const int j = atomicAdd(flow + TileFlow::kStatsClaims, 1);
+      job[0] = j;
+      if (j < jobs) {
+        flow_wait_count(tiles_done + j / groups_per_tile, tile_count);
+        // momentum=None reads batches_tracked, which the GEMM's tile (0, 0) counts: wait for column tile 0 too.
+        if (p.cumulative && p.running_mean != nullptr) flow_wait_count(tiles_done, tile_count);
+        flow_fence();
+      }
+    }
+    __syncthreads();
+    const int j = job[0], group = j;
+    __syncthreads();  // job[] is rewritten by the next claim
+    if (j >= jobs) break;
+    merge_one_group(p, group, lane_s1, lane_s2);  // ends with a barrier: the group's writes precede what follows
+    if (threadIdx.x == 0 && group * p.merge_columns < p.N) {
+      const int stripe = group * p.merge_columns / kCols;
+      const int stripe_columns = min(kCols, p.N - stripe * kCols);
+      const int groups_in_stripe = (stripe_columns + p.merge_columns - 1) / p.merge_columns;
+      flow_fence();
+      if (atomicAdd(stripe_groups + stripe, 1) == groups_in_stripe - 1) {
+        flow_fence();
+        const int slot = atomicAdd(flow + TileFlow::kStripesQueued, 1);
+        flow_store_release(stripe_queue + slot, stripe + 1);
+      }
+    }
+  }
+  // Normalize items: item k is pass passes - 1 - k % passes of the (k / passes)-th stripe queued. Until a block has
+  // seen the whole queue it reads each item's entry (waiting for it); then it copies the queue into shared memory once.
+  const int passes = static_cast<int>((p.M + kPassRows - 1) / kPassRows);
+  auto claim = [&](int slot) {  // thread 0
+    const int k = atomicAdd(flow + TileFlow::kItemClaims, 1);
+    claimed[slot][0] = k;
+    if (k >= p.items || queue_complete) return;
+    claimed[slot][1] = flow_wait_nonzero(stripe_queue + k / passes) - 1;
+    flow_fence();
+  };
+  if (threadIdx.x == 0) queue_complete = 0, claim(0);
+  __syncthreads();
+  for (int round = 1;; ++round) {  // uniform across the block
+    const int k = claimed[(round - 1) & 1][0];
+    if (k >= p.items) break;
+    const int stripe = queue_complete ? stripe_of[k / passes] : claimed[(round - 1) & 1][1];
+    if (threadIdx.x == 0) claim(round & 1);  // the next item's claim, while this one streams
+    normalize_item<T, false, false>(p, (passes - 1 - k % passes) * p.stripes + stripe);
+    __syncthreads();
+    if (!queue_complete) {  // uniform: read after a barrier, written below after another
+      if (threadIdx.x == 0) job[0] = flow_load_acquire(flow + TileFlow::kStripesQueued) == p.stripes;
+      __syncthreads();
+      if (job[0]) {  // every slot is taken: wait for the entries themselves, then keep them
+        for (int i = threadIdx.x; i < p.stripes; i += kThreads) stripe_of[i] = flow_wait_nonzero(stripe_queue + i) - 1;
+        flow_fence();
+        __syncthreads();
+        if (threadIdx.x == 0) queue_complete = 1;
+      }
+      __syncthreads();
+    }
+  }
+}
+
 }  // namespace
 
 Status finish_normalize_check(const FinishNormalizeArgs& a) {
@@ -390,6 +498,16 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
   }
   if (!a.product_scale && (a.product_bias || a.pre_norm)) return Status::invalid("product_bias and pre_norm need product_scale");
   if (a.pre_norm && !is_aligned16(a.pre_norm)) return Status::invalid("pre_norm must be 16-byte aligned");
+  if (a.tile_columns != 0) {
+    const int stripe_columns = kLanesPerRow * (16 / dtype_size(a.dtype)), stripes = (a.N + stripe_columns - 1) / stripe_columns;
+    if (a.partials_from_y || a.moments || ranks || a.product_scale) {
+      return Status::invalid("tile_columns (the dataflow walk) takes the GEMM's own partials and a normalizing launch");
+    }
+    if (a.tile_columns < kMinFlowTileColumns || a.tile_columns % merge_columns_for(a.N) != 0) {
+      return Status::invalid("tile_columns must be the GEMM row's tile_n (at least 64, a multiple of 16)");
+    }
+    if (stripes > kMaxFlowStripes) return Status::invalid("N is too wide for the dataflow walk");
+  }
   if (ranks && (a.ranks < 1 || a.partials_from_y)) {
     return Status::invalid("rank_moments needs ranks >= 1 and takes the partials' place (no partials_from_y)");
   }
@@ -456,6 +574,32 @@ Status claiming_blocks(int max_blocks, int& blocks) {
   return Status::success();
 }
 
+// The dataflow walk's launch: a pass of rows per item, as the claimed walk, on at most two blocks per SM.
+template <class T>
+Status launch_dataflow(const FinishNormalizeArgs& a, cudaStream_t stream) {
+  constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  int max_blocks = 0, blocks = 0;
+  if (Status s = finish_resident_blocks<&finish_dataflow_kernel<T>>(max_blocks); !s) return s;
+  if (Status s = claiming_blocks(max_blocks, blocks); !s) return s;
+  const int stripes = (a.N + kCols - 1) / kCols;
+  const int64_t items = stripes * ((a.M + kPassRows - 1) / kPassRows);
+  if (items > std::numeric_limits<int>::max() - blocks) return Status::invalid("M x N is too large for the dataflow walk");
+  const int tiles = static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows);
+  FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2, tiles,
+                    a.tile_rows, static_cast<const T*>(a.gamma), static_cast<const T*>(a.beta),
+                    static_cast<T*>(a.running_mean), static_cast<T*>(a.running_var), a.batches_tracked, a.cumulative,
+                    a.momentum, a.eps, a.save_mean, a.save_invstd, merge_columns_for(a.N), stripes, kPassRows,
+                    static_cast<int>(items)};
+  p.alpha = static_cast<float*>(a.workspace);
+  p.delta = p.alpha + a.N;
+  p.flow = finish_tile_flow(a.workspace, a.N);
+  p.column_tiles = (a.N + a.tile_columns - 1) / a.tile_columns;
+  p.tile_columns = a.tile_columns;
+  return Status::from_cuda(launch_programmatic(&finish_dataflow_kernel<T>, blocks, kThreads, p, stream),
+                           "launching finish_normalize (dataflow)");
+}
+
 template <class T, bool kFromY, FinishMode kMode = FinishMode::normalize, bool kProduct = false>
 Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   WorkItems work{};
@@ -506,7 +650,35 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-size_t finish_workspace_bytes(int N) { return sizeof(float) * 2 * size_t(N) + 16; }
+// alpha [N], delta [N], the claim counter (16 bytes), then the dataflow walk's counters for the narrowest column tiles
+// and the most stripes (fp32's 128 columns).
+size_t finish_workspace_bytes(int N) {
+  const int column_tiles = (N + kMinFlowTileColumns - 1) / kMinFlowTileColumns, stripes = (N + 127) / 128;
+  return sizeof(float) * 2 * size_t(N) + 16 + sizeof(int) * TileFlow::ints(column_tiles, stripes);
+}
+
+int* finish_tile_flow(void* workspace, int N) {
+  return reinterpret_cast<int*>(static_cast<char*>(workspace) + sizeof(float) * 2 * size_t(N) + 16);
+}
+
+size_t finish_tile_flow_bytes(const FinishNormalizeArgs& a) {
+  const int cols = kLanesPerRow * (16 / dtype_size(a.dtype));
+  const int column_tiles = a.tile_columns > 0 ? (a.N + a.tile_columns - 1) / a.tile_columns : 0;
+  return sizeof(int) * TileFlow::ints(column_tiles, (a.N + cols - 1) / cols);
+}
+
+// Whether the training forward's finish runs the dataflow walk: GEMMBN_FINISH_DATAFLOW=0|1 where set (tests, A/B runs),
+// else where y holds at least kDataflowBytesPerSm per SM (32 MiB on an H200): the training forward 0.6-3% faster at all
+// 10 (shape, precision) pairs measured there; below it the walk's chain of claims and waits per block and the counters'
+// memset cost more than the GEMM's last wave leaves to overlap (16 MiB: +0.2-0.9%; 1024x4096->4096 bf16, 8 MiB: +12%;
+// perf/NOTES.md v33).
+constexpr int64_t kDataflowBytesPerSm = int64_t(240) << 10;
+bool finish_runs_dataflow(DType dtype, int64_t M, int N) {
+  if (const char* forced = std::getenv("GEMMBN_FINISH_DATAFLOW"); forced && *forced) return forced[0] == '1';
+  int device = 0, sm_count = 0;
+  if (current_device_info(device, sm_count) != cudaSuccess) return false;
+  return M * N * dtype_size(dtype) >= kDataflowBytesPerSm * sm_count;
+}
 
 Status finish_partial_rows(DType dtype, int M, int N, int& rows) {
   rows = 0;
@@ -534,6 +706,7 @@ Status finish_normalize(const FinishNormalizeArgs& a, cudaStream_t stream) {
 #else
     if (a.product_scale) return Status::invalid("the product variant needs a build with GEMMBN_CUBLAS_PRODUCT=ON");
 #endif
+    if (a.tile_columns != 0) return launch_dataflow<T>(a, stream);
     return a.partials_from_y ? launch_finish<T, true>(a, stream) : launch_finish<T, false>(a, stream);
   });
 }

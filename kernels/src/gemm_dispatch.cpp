@@ -279,6 +279,7 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   if ((args.partial_mean == nullptr) != (args.partial_m2 == nullptr)) {
     return Status::invalid("partial_mean and partial_m2 go together");
   }
+  if (args.tile_flow && !args.partial_mean) return Status::invalid("tile_flow counts the tiles' partials: it needs them");
   int row = 0;
   if (Status s = resolve_row(args, operands, row); !s) return s;
   note_host_mark(HostMark::gemm_launching);

@@ -3,7 +3,10 @@
 
 namespace gemmbn {
 
-Status train_forward(const GemmScaleStatsArgs& gemm, const FinishNormalizeArgs& finish, cudaStream_t stream) {
+Status train_forward(const GemmScaleStatsArgs& gemm_args, const FinishNormalizeArgs& finish_args, cudaStream_t stream) {
+  GemmScaleStatsArgs gemm = gemm_args;
+  FinishNormalizeArgs finish = finish_args;
+  if (gemm.tile_flow) return Status::invalid("tile_flow is train_forward's to set (from the finish's tile_columns)");
   // One problem: the finish must read what the GEMM writes.
   if (finish.y != gemm.y || finish.M != gemm.M || finish.N != gemm.N || finish.dtype != gemm.dtype) {
     return Status::invalid("the finish's y, sizes and dtype must be the GEMM's");
@@ -28,9 +31,24 @@ Status train_forward(const GemmScaleStatsArgs& gemm, const FinishNormalizeArgs& 
     if (finish.tile_rows != row[kConfigFields - 1]) {
       return Status::invalid("tile_rows must be the GEMM row's partial_rows");
     }
+    // The dataflow walk: the GEMM counts its stored tiles per column tile in the finish's workspace, and the finish,
+    // launched behind it, takes what is stored as it comes (api.h: FinishNormalizeArgs.tile_columns).
+    if (finish.tile_columns == 0 && finish.moments == nullptr && finish.workspace != nullptr &&
+        finish_runs_dataflow(finish.dtype, finish.M, finish.N)) {
+      finish.tile_columns = row[1];
+    }
+    if (finish.tile_columns != 0) {
+      if (finish.tile_columns != row[1]) return Status::invalid("tile_columns must be the GEMM row's tile_n");
+      gemm.tile_flow = finish_tile_flow(finish.workspace, finish.N);
+    }
   }
   // The finish's checks first: gemm_scale_stats checks its own before it launches anything.
   if (Status s = finish_normalize_check(finish); !s) return s;
+  if (gemm.tile_flow != nullptr) {
+    if (cudaError_t e = cudaMemsetAsync(gemm.tile_flow, 0, finish_tile_flow_bytes(finish), stream); e != cudaSuccess) {
+      return Status::from_cuda(e, "zeroing the finish's tile flow");
+    }
+  }
   if (Status s = gemm_scale_stats(gemm, stream); !s) return s;
   return finish_normalize(finish, stream);
 }

@@ -36,10 +36,13 @@ struct Worst {
 // of its work items, over NaN poison, batches_tracked incremented; its phase 2 walks rows last first), or three
 // ranks' moments (the synchronized forward's two launches: run_ranks), or the product variant's pass (the buffer holds
 // x W^T alone, a cuBLAS product; the variant forms y = (v + b) s, takes the y pass over it and writes y back in place),
-// or the epilogue's with phase 2's items (a pass of rows each) claimed from a counter (poisoned: the launch zeroes it).
-enum Source { kEpilogue, kYPass, kRanks, kProduct, kClaims };
+// or the epilogue's with phase 2's items (a pass of rows each) claimed from a counter (poisoned: the launch zeroes it),
+// or the epilogue's through the dataflow walk (finish_dataflow_kernel), its tile flow as a finished GEMM leaves it:
+// every column tile's stored tiles counted.
+enum Source { kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow };
 const char* source_name(Source s) {
-  return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : s == kProduct ? "product" : "claims";
+  return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : s == kProduct ? "product"
+         : s == kClaims ? "claims" : "dataflow";
 }
 
 // The epilogue's partials of rows [begin, end) of y [*, N]: mean and M2 per tile of tile_rows rows, in fp64, rounded
@@ -208,6 +211,24 @@ Worst run_case(const Case& c, Source source) {
     p.rows_per_chunk = pass_rows, p.items = int(work.stripes * ((M + pass_rows - 1) / pass_rows)), p.claim_counter = &counter;
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
     claims_counted = counter == p.items + 1;  // one claim per item, and the one that found none
+  } else if (source == kDataflow) {
+    const int64_t pass_rows = kRowsPerPass * kUnroll;
+    const int tile_columns = c.tile_rows == 64 ? 64 : 128, column_tiles = (N + tile_columns - 1) / tile_columns;
+    p.rows_per_chunk = pass_rows, p.items = int(work.stripes * ((M + pass_rows - 1) / pass_rows));
+    std::vector<int> flow(TileFlow::ints(column_tiles, work.stripes), 0);
+    p.flow = flow.data(), p.column_tiles = column_tiles, p.tile_columns = tile_columns;
+    for (int t = 0; t < column_tiles; ++t) TileFlow::tiles_done(p.flow)[t] = TileFlow::kLanes * tiles;
+    emulation::run_block(kThreads, [&p] { finish_dataflow_kernel<T>(p); });
+    // Every job and item claimed once (plus the claim that found none), every stripe queued once.
+    const int jobs = column_tiles * (tile_columns / p.merge_columns);
+    std::vector<int> queued(work.stripes, 0);
+    for (int i = 0; i < work.stripes; ++i) {
+      const int entry = TileFlow::stripe_queue(p.flow, column_tiles, work.stripes)[i];
+      if (entry >= 1 && entry <= work.stripes) ++queued[entry - 1];
+    }
+    claims_counted = flow[TileFlow::kStatsClaims] == jobs + 1 && flow[TileFlow::kItemClaims] == p.items + 1 &&
+                     flow[TileFlow::kStripesQueued] == work.stripes &&
+                     std::all_of(queued.begin(), queued.end(), [](int q) { return q == 1; });
   } else {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
   }
@@ -244,7 +265,7 @@ Worst run_case(const Case& c, Source source) {
   if (source == kRanks && batches_tracked != 5) worst.running = 1e30;  // the caller counts it, not the launches
   if (!ranks_agree) worst.running = 1e30;  // every rank holds bitwise the same statistics
   if (!y_written) worst.out = 1e30;        // the product variant's kept y is the epilogue's, bit for bit
-  if (!claims_counted) worst.out = 1e30;   // the launch zeroed the counter and claimed every item once
+  if (!claims_counted) worst.out = 1e30;   // every item (and dataflow job) claimed once, every stripe queued once
   return worst;
 }
 
@@ -308,7 +329,7 @@ int main() {
   };
   bool ok = check_fold<float>("float32") & check_fold<__nv_bfloat16>("bfloat16") & check_fold<__half>("float16");
   for (const Case& c : cases) {
-    for (Source source : {kEpilogue, kYPass, kRanks, kProduct, kClaims}) {
+    for (Source source : {kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow}) {
       ok &= check<float>("float32", c, source);
       ok &= check<__nv_bfloat16>("bfloat16", c, source);
       ok &= check<__half>("float16", c, source);

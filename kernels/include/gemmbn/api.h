@@ -65,6 +65,10 @@ struct GemmScaleStatsArgs {
   float* partial_mean = nullptr;  // [tiles_m, N]
   float* partial_m2 = nullptr;    // [tiles_m, N]
   int64_t* batches_tracked = nullptr;
+  // Optional, with the partials: the finish's dataflow counters (tile_flow.h), zeroed on the stream before the launch;
+  // each stored tile counts itself in them and the first epilogue lets a programmatic launch after it start
+  // (train_forward sets it where the finish runs its dataflow walk).
+  int* tile_flow = nullptr;
   // Stream-K rows only: gemm_workspace_bytes(args) bytes, owned by the caller (its first bytes are
   // zeroed on the stream before each launch); may be null where that size is 0.
   void* workspace = nullptr;
@@ -184,12 +188,23 @@ struct FinishNormalizeArgs {
   const void* product_bias = nullptr;
   const void* product_scale = nullptr;
   void* pre_norm = nullptr;
+  // The dataflow walk (train_forward sets it where finish_runs_dataflow; with the GEMM's partials only): the GEMM row's
+  // tile_n, whose launch counts its stored tiles in finish_tile_flow(workspace, N) (zeroed before the GEMM: see
+  // GemmScaleStatsArgs.tile_flow). The finish then starts while the GEMM runs and takes each column tile's statistics
+  // and each stripe's rows as soon as the GEMM has stored them. 0: the barrier walk, after the GEMM.
+  int tile_columns = 0;
   // finish_workspace_bytes(N) bytes of device memory, 16-byte aligned, for a normalizing launch (not moments): the
   // columns' alpha and delta from the statistics, and the counter its blocks claim normalize work items from where the
   // rule says so. Set up by the launch itself: its contents before and after mean nothing.
   void* workspace = nullptr;
 };
 size_t finish_workspace_bytes(int N);
+// The dataflow walk's counters in a finish workspace (tile_flow.h), and the bytes of them a launch uses (tile_columns
+// set), to zero on the stream before the GEMM.
+int* finish_tile_flow(void* workspace, int N);
+size_t finish_tile_flow_bytes(const FinishNormalizeArgs& args);
+// Whether the training forward's finish runs the dataflow walk (the rule, or GEMMBN_FINISH_DATAFLOW=0|1 where set).
+bool finish_runs_dataflow(DType dtype, int64_t M, int N);
 Status finish_normalize(const FinishNormalizeArgs& args, cudaStream_t stream);
 // finish_normalize's argument checks alone (what it would refuse), without a launch.
 Status finish_normalize_check(const FinishNormalizeArgs& args);

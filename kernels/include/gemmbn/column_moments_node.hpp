@@ -19,12 +19,16 @@
 //   acquire and the register-to-smem copy that follows reduce().
 // - batches_tracked (optional) is incremented once per launch by tile (0, 0): the finish kernel runs
 //   after the GEMM on the stream and reads the new count for momentum=None.
+// - flow (optional, gemmbn/tile_flow.h): each tile inside the problem, once its y is written (not only read out of
+//   shared memory) and its partials stored, counts itself for its column tile; the first epilogue lets the finish's
+//   programmatic launch start.
 #pragma once
 
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
 #include "gemmbn/moments.cuh"
 #include "gemmbn/no_workspace_node.hpp"
+#include "gemmbn/tile_flow.h"
 
 namespace gemmbn::epilogue {
 
@@ -35,6 +39,7 @@ struct ColumnMomentsArguments {
   float* partial_mean = nullptr;  // [ceil(M / CTA_M), N]
   float* partial_m2 = nullptr;    // [ceil(M / CTA_M), N]
   int64_t* batches_tracked = nullptr;
+  int* flow = nullptr;    // the finish's dataflow counters, zeroed before the launch (tile_flow.h); null: none
 };
 
 template <class CtaTileShapeMNK>
@@ -418,6 +423,23 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
       if (params.batches_tracked != nullptr && m_tile == 0 && n_tile == 0 && thread_idx == 0) {
         *params.batches_tracked += 1;
       }
+      static_assert(TileFlow::kLanes == cutlass::NumThreadsPerWarp, "a stored tile counts once per lane of its warp");
+      if (params.flow != nullptr && thread_idx < cutlass::NumThreadsPerWarp) signal_tile_stored(params.flow);
+    }
+
+    // Run by each lane of the warp that issued the tile's TMA stores of y (CUTLASS's epilogue issues them from the whole
+    // warp), after the epilogue's last barrier, so after every thread's partials: the lane waits until its stores are
+    // written (not only read out of shared memory), then adds its count, release-ordered after them, the partials and
+    // batches_tracked. A column tile is complete at TileFlow::kLanes x tiles_m. No warp-wide sync or single-lane section:
+    // either made nvcc restructure the epilogue (twice the code, and a spill; perf/NOTES.md v33).
+    CUTLASS_DEVICE void signal_tile_stored(int* flow) {
+      // The finish's programmatic launch may start (its blocks take SMs as the GEMM's CTAs exit and wait on these
+      // counters); a CTA's later calls do nothing more.
+      asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+      if (get<0>(residue) <= 0 || get<1>(residue) <= 0) return;  // a padded tile: nothing stored
+      asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      asm volatile("fence.proxy.async.global;" ::: "memory");
+      flow_add_release(TileFlow::tiles_done(flow) + n_tile, 1);
     }
   };
 

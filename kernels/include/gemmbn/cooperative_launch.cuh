@@ -38,4 +38,17 @@ cudaError_t launch_cooperative(void (*kernel)(Params), int blocks, int threads, 
   return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), arguments);
 }
 
+// kernel<<<blocks, threads, 0, stream>>>(params) as a programmatic dependent launch, always: its blocks may start once
+// every block of the kernel before it (the GEMM) has triggered its dependents, so the kernel orders its own reads
+// (finish_dataflow_kernel: the GEMM's tile flow, tile_flow.h).
+template <class Params>
+cudaError_t launch_programmatic(void (*kernel)(Params), int blocks, int threads, Params& params, cudaStream_t stream) {
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {dim3(blocks), dim3(threads), 0, stream, &attribute, 1u};
+  void* arguments[] = {&params};
+  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), arguments);
+}
+
 }  // namespace gemmbn

@@ -150,7 +150,7 @@ struct GemmScaleStatsKernel {
                                       a.gain, a.shift, a.weight_unscale};
     typename Output::Arguments epilogue_tree = [&] {
       if constexpr (kConfig.statistics != 0) {
-        return typename Output::Arguments{affine, {a.partial_mean, a.partial_m2, a.batches_tracked}};  // Moments
+        return typename Output::Arguments{affine, {a.partial_mean, a.partial_m2, a.batches_tracked, a.tile_flow}};  // Moments
       } else {
         return affine;
       }

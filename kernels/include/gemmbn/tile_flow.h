@@ -1,0 +1,86 @@
+// The training forward's dataflow between the GEMM and the finish (perf/NOTES.md v33): ints in the finish's workspace,
+// zeroed on the stream before the GEMM. The GEMM's statistics node counts its stored tiles per column tile (kLanes per
+// tile: each lane of the storing warp counts its own stores); the finish, launched while the GEMM still runs (a
+// programmatic launch the GEMM's first epilogue triggers), merges a column tile's statistics as soon as its count is
+// full and normalizes a stripe of y as soon as its columns' statistics are out. So the SMs the GEMM's last partial wave
+// leaves idle run the finish instead of waiting.
+//
+//   [kHeader]                   counters (TileFlow::Counter)
+//   tiles_done[column_tiles]    kLanes x the row tiles stored, per column tile (the GEMM's node)
+//   stripe_groups[stripes]      statistics groups done per finish stripe
+//   stripe_queue[stripes]       finish stripes in the order their statistics completed, as index + 1 (0: not yet)
+// Counts are added and queue entries written with release semantics after everything they announce; readers acquire.
+#pragma once
+
+#include <cstddef>
+
+#if !defined(__CUDA_ARCH__)
+#include <atomic>
+#endif
+
+namespace gemmbn {
+
+struct TileFlow {
+  enum Counter : int { kStatsClaims = 0, kStripesQueued = 1, kItemClaims = 2, kHeader = 4 };
+  static constexpr int kLanes = 32;  // counts per stored tile
+  static constexpr size_t ints(int column_tiles, int stripes) { return kHeader + size_t(column_tiles) + 2 * size_t(stripes); }
+  static constexpr int* tiles_done(int* flow) { return flow + kHeader; }
+  static constexpr int* stripe_groups(int* flow, int column_tiles) { return flow + kHeader + column_tiles; }
+  static constexpr int* stripe_queue(int* flow, int column_tiles, int stripes) {
+    return flow + kHeader + column_tiles + stripes;
+  }
+};
+
+// Device-scope acquire load, release store and a full fence; on the host (the CPU emulation of the finish) their C++
+// counterparts.
+__host__ __device__ inline int flow_load_acquire(const int* p) {
+#if defined(__CUDA_ARCH__)
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+__host__ __device__ inline void flow_store_release(int* p, int v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+#endif
+}
+__host__ __device__ inline void flow_add_release(int* p, int v) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+  __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#endif
+}
+__host__ __device__ inline void flow_fence() {
+#if defined(__CUDA_ARCH__)
+  __threadfence();
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+// Waits (one thread) until *p reaches count, acquired.
+__host__ __device__ inline void flow_wait_count(const int* p, int count) {
+  while (flow_load_acquire(p) < count) {
+#if defined(__CUDA_ARCH__)
+    __nanosleep(256);
+#endif
+  }
+}
+// Waits (one thread) until *p is nonzero and returns it, acquired.
+__host__ __device__ inline int flow_wait_nonzero(const int* p) {
+  int v = flow_load_acquire(p);
+  while (v == 0) {
+#if defined(__CUDA_ARCH__)
+    __nanosleep(256);
+#endif
+    v = flow_load_acquire(p);
+  }
+  return v;
+}
+
+}  // namespace gemmbn
