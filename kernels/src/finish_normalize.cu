@@ -672,8 +672,14 @@ size_t finish_tile_flow_bytes(const FinishNormalizeArgs& a) {
 // 10 (shape, precision) pairs measured there; below it the walk's chain of claims and waits per block and the counters'
 // memset cost more than the GEMM's last wave leaves to overlap (16 MiB: +0.2-0.9%; 1024x4096->4096 bf16, 8 MiB: +12%;
 // perf/NOTES.md v33).
+// Never past the walk's limits (its stripes, its int item count), so a forced walk is refused by no check.
 constexpr int64_t kDataflowBytesPerSm = int64_t(240) << 10;
 bool finish_runs_dataflow(DType dtype, int64_t M, int N) {
+  const int64_t stripe_columns = kLanesPerRow * (16 / dtype_size(dtype)), passes = kRowsPerPass * kUnroll;
+  const int64_t stripes = (N + stripe_columns - 1) / stripe_columns;
+  if (stripes > kMaxFlowStripes || stripes * ((M + passes - 1) / passes) > std::numeric_limits<int>::max() / 2) {
+    return false;
+  }
   if (const char* forced = std::getenv("GEMMBN_FINISH_DATAFLOW"); forced && *forced) return forced[0] == '1';
   int device = 0, sm_count = 0;
   if (current_device_info(device, sm_count) != cudaSuccess) return false;
