@@ -47,6 +47,12 @@ constexpr int kMergeBatch = 8;  // tiles per thread per load round (16 takes 113
 constexpr int kMaxFlowStripes = 1024;
 constexpr int kMinFlowTileColumns = 64;
 inline int merge_columns_for(int N) { return N <= 1024 ? 4 : N <= 2048 ? 8 : 16; }
+// The column stripes of N columns of dtype: kLanesPerRow 16-byte vectors each (the host's count; the kernels' is
+// FinishParams::stripes).
+inline int64_t stripes_for(DType dtype, int64_t N) {
+  const int64_t columns = kLanesPerRow * (16 / dtype_size(dtype));
+  return (N + columns - 1) / columns;
+}
 
 template <class T>
 struct FinishParams {
@@ -499,14 +505,13 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
   if (!a.product_scale && (a.product_bias || a.pre_norm)) return Status::invalid("product_bias and pre_norm need product_scale");
   if (a.pre_norm && !is_aligned16(a.pre_norm)) return Status::invalid("pre_norm must be 16-byte aligned");
   if (a.tile_columns != 0) {
-    const int stripe_columns = kLanesPerRow * (16 / dtype_size(a.dtype)), stripes = (a.N + stripe_columns - 1) / stripe_columns;
     if (a.partials_from_y || a.moments || ranks || a.product_scale) {
       return Status::invalid("tile_columns (the dataflow walk) takes the GEMM's own partials and a normalizing launch");
     }
     if (a.tile_columns < kMinFlowTileColumns || a.tile_columns % merge_columns_for(a.N) != 0) {
       return Status::invalid("tile_columns must be the GEMM row's tile_n (at least 64, a multiple of 16)");
     }
-    if (stripes > kMaxFlowStripes) return Status::invalid("N is too wide for the dataflow walk");
+    if (stripes_for(a.dtype, a.N) > kMaxFlowStripes) return Status::invalid("N is too wide for the dataflow walk");
   }
   if (ranks && (a.ranks < 1 || a.partials_from_y)) {
     return Status::invalid("rank_moments needs ranks >= 1 and takes the partials' place (no partials_from_y)");
@@ -577,12 +582,11 @@ Status claiming_blocks(int max_blocks, int& blocks) {
 // The dataflow walk's launch: a pass of rows per item, as the claimed walk, on at most two blocks per SM.
 template <class T>
 Status launch_dataflow(const FinishNormalizeArgs& a, cudaStream_t stream) {
-  constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
   int max_blocks = 0, blocks = 0;
   if (Status s = finish_resident_blocks<&finish_dataflow_kernel<T>>(max_blocks); !s) return s;
   if (Status s = claiming_blocks(max_blocks, blocks); !s) return s;
-  const int stripes = (a.N + kCols - 1) / kCols;
+  const int stripes = static_cast<int>(stripes_for(a.dtype, a.N));
   const int64_t items = stripes * ((a.M + kPassRows - 1) / kPassRows);
   if (items > std::numeric_limits<int>::max() - blocks) return Status::invalid("M x N is too large for the dataflow walk");
   const int tiles = static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows);
@@ -648,23 +652,24 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
                            "launching finish_normalize (cooperative)");
 }
 
+// The workspace: alpha [N], delta [N], the claim counter (16 bytes), then the dataflow walk's counters (sized for the
+// narrowest column tiles and the most stripes, fp32's 128 columns).
+size_t tile_flow_offset(int N) { return sizeof(float) * 2 * size_t(N) + 16; }
+
 }  // namespace
 
-// alpha [N], delta [N], the claim counter (16 bytes), then the dataflow walk's counters for the narrowest column tiles
-// and the most stripes (fp32's 128 columns).
 size_t finish_workspace_bytes(int N) {
-  const int column_tiles = (N + kMinFlowTileColumns - 1) / kMinFlowTileColumns, stripes = (N + 127) / 128;
-  return sizeof(float) * 2 * size_t(N) + 16 + sizeof(int) * TileFlow::ints(column_tiles, stripes);
+  const int column_tiles = (N + kMinFlowTileColumns - 1) / kMinFlowTileColumns;
+  return tile_flow_offset(N) + sizeof(int) * TileFlow::ints(column_tiles, static_cast<int>(stripes_for(DType::f32, N)));
 }
 
 int* finish_tile_flow(void* workspace, int N) {
-  return reinterpret_cast<int*>(static_cast<char*>(workspace) + sizeof(float) * 2 * size_t(N) + 16);
+  return reinterpret_cast<int*>(static_cast<char*>(workspace) + tile_flow_offset(N));
 }
 
 size_t finish_tile_flow_bytes(const FinishNormalizeArgs& a) {
-  const int cols = kLanesPerRow * (16 / dtype_size(a.dtype));
   const int column_tiles = a.tile_columns > 0 ? (a.N + a.tile_columns - 1) / a.tile_columns : 0;
-  return sizeof(int) * TileFlow::ints(column_tiles, (a.N + cols - 1) / cols);
+  return sizeof(int) * TileFlow::ints(column_tiles, static_cast<int>(stripes_for(a.dtype, a.N)));
 }
 
 // Whether the training forward's finish runs the dataflow walk: GEMMBN_FINISH_DATAFLOW=0|1 where set (tests, A/B runs),
@@ -675,8 +680,7 @@ size_t finish_tile_flow_bytes(const FinishNormalizeArgs& a) {
 // Never past the walk's limits (its stripes, its int item count), so a forced walk is refused by no check.
 constexpr int64_t kDataflowBytesPerSm = int64_t(240) << 10;
 bool finish_runs_dataflow(DType dtype, int64_t M, int N) {
-  const int64_t stripe_columns = kLanesPerRow * (16 / dtype_size(dtype)), passes = kRowsPerPass * kUnroll;
-  const int64_t stripes = (N + stripe_columns - 1) / stripe_columns;
+  const int64_t stripes = stripes_for(dtype, N), passes = kRowsPerPass * kUnroll;
   if (stripes > kMaxFlowStripes || stripes * ((M + passes - 1) / passes) > std::numeric_limits<int>::max() / 2) {
     return false;
   }
