@@ -410,12 +410,13 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
 }
 
 // The dataflow walk (train_forward with the GEMM's tile flow, tile_flow.h; perf/NOTES.md v33), launched while the GEMM
-// still runs and without a grid barrier. A block claims statistics jobs (one column group) while any are left, each
-// once the GEMM has stored every row tile of its column tile, and queues a stripe once all its groups are done; then it
-// claims normalize items (a pass of rows of a stripe, in the order the stripes were queued, last rows first), each
-// once its stripe is queued. Neither wait can deadlock: column tiles are counted by the GEMM alone, and every job has
-// been claimed, by a running block, before any block claims an item. Per element the arithmetic is the barrier walk's
-// (merge_column_group, normalize_item): the same bits.
+// still runs and without a grid barrier. Blocks claim from one counter: claims below `jobs` are statistics jobs (one
+// column group each), taken once the GEMM has stored every row tile of the group's column tile, and the block finishing
+// a stripe's last group queues the stripe; the claims after them are normalize items (a pass of rows of a stripe, in
+// the order the stripes were queued, last rows first), each taken once its stripe is queued. So a block's claim that
+// finds no job left is its first item, one round trip. Neither wait can deadlock: column tiles are counted by the GEMM
+// alone, and every job has been claimed, by a running block, before any item is. Per element the arithmetic is the
+// barrier walk's (merge_column_group, normalize_item): the same bits.
 template <class T>
 __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<T> p) {
   constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
@@ -423,27 +424,32 @@ __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
   __shared__ int job[1], stripe_of[kMaxFlowStripes], claimed[2][2], queue_complete;
   int* const flow = p.flow;
+  int* const claims = flow + TileFlow::kClaims;
   const int* const tiles_done = TileFlow::tiles_done(flow);
   const int tile_count = TileFlow::kLanes * p.tiles;  // a column tile's count once every row tile is stored
   int* const stripe_groups = TileFlow::stripe_groups(flow, p.column_tiles);
   int* const stripe_queue = TileFlow::stripe_queue(flow, p.column_tiles, p.stripes);
   const int groups_per_tile = p.tile_columns / p.merge_columns, jobs = p.column_tiles * groups_per_tile;
   // Statistics jobs: job j is column group j, of column tile j / groups_per_tile.
+  int first_claim;
   for (;;) {
     if (threadIdx.x == 0) {
-      const int j = atomicAdd(flow + TileFlow::kStatsClaims, 1);
+      const int j = atomicAdd(claims, 1);
       job[0] = j;
       if (j < jobs) {
-        flow_wait_count(tiles_done + j / groups_per_tile, tile_count);
+        flow_wait_at_least(tiles_done + j / groups_per_tile, tile_count);
         // momentum=None reads batches_tracked, which the GEMM's tile (0, 0) counts: wait for column tile 0 too.
-        if (p.cumulative && p.running_mean != nullptr) flow_wait_count(tiles_done, tile_count);
+        if (p.cumulative && p.running_mean != nullptr) flow_wait_at_least(tiles_done, tile_count);
         flow_fence();
       }
     }
     __syncthreads();
     const int j = job[0], group = j;
     __syncthreads();  // job[] is rewritten by the next claim
-    if (j >= jobs) break;
+    if (j >= jobs) {
+      first_claim = j;
+      break;
+    }
     merge_one_group(p, group, lane_s1, lane_s2);  // ends with a barrier: the group's writes precede what follows
     if (threadIdx.x == 0 && group * p.merge_columns < p.N) {
       const int stripe = group * p.merge_columns / kCols;
@@ -457,30 +463,32 @@ __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<
       }
     }
   }
-  // Normalize items: item k is pass passes - 1 - k % passes of the (k / passes)-th stripe queued. Until a block has
-  // seen the whole queue it reads each item's entry (waiting for it); then it copies the queue into shared memory once.
+  // Normalize items: item k (claim jobs + k) is pass passes - 1 - k % passes of the (k / passes)-th stripe queued.
+  // Until a block has seen the whole queue it reads each item's entry (waiting for it); then it copies the queue into
+  // shared memory once.
   const int passes = static_cast<int>((p.M + kPassRows - 1) / kPassRows);
-  auto claim = [&](int slot) {  // thread 0
-    const int k = atomicAdd(flow + TileFlow::kItemClaims, 1);
+  auto take = [&](int slot, int k) {  // thread 0
     claimed[slot][0] = k;
     if (k >= p.items || queue_complete) return;
-    claimed[slot][1] = flow_wait_nonzero(stripe_queue + k / passes) - 1;
+    claimed[slot][1] = flow_wait_at_least(stripe_queue + k / passes, 1) - 1;
     flow_fence();
   };
-  if (threadIdx.x == 0) queue_complete = 0, claim(0);
+  if (threadIdx.x == 0) queue_complete = 0, take(0, first_claim - jobs);
   __syncthreads();
   for (int round = 1;; ++round) {  // uniform across the block
     const int k = claimed[(round - 1) & 1][0];
     if (k >= p.items) break;
     const int stripe = queue_complete ? stripe_of[k / passes] : claimed[(round - 1) & 1][1];
-    if (threadIdx.x == 0) claim(round & 1);  // the next item's claim, while this one streams
+    if (threadIdx.x == 0) take(round & 1, atomicAdd(claims, 1) - jobs);  // the next item's claim, while this one streams
     normalize_item<T, false, false>(p, (passes - 1 - k % passes) * p.stripes + stripe);
     __syncthreads();
     if (!queue_complete) {  // uniform: read after a barrier, written below after another
       if (threadIdx.x == 0) job[0] = flow_load_acquire(flow + TileFlow::kStripesQueued) == p.stripes;
       __syncthreads();
       if (job[0]) {  // every slot is taken: wait for the entries themselves, then keep them
-        for (int i = threadIdx.x; i < p.stripes; i += kThreads) stripe_of[i] = flow_wait_nonzero(stripe_queue + i) - 1;
+        for (int i = threadIdx.x; i < p.stripes; i += kThreads) {
+          stripe_of[i] = flow_wait_at_least(stripe_queue + i, 1) - 1;
+        }
         flow_fence();
         __syncthreads();
         if (threadIdx.x == 0) queue_complete = 1;
@@ -588,7 +596,10 @@ Status launch_dataflow(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = claiming_blocks(max_blocks, blocks); !s) return s;
   const int stripes = static_cast<int>(stripes_for(a.dtype, a.N));
   const int64_t items = stripes * ((a.M + kPassRows - 1) / kPassRows);
-  if (items > std::numeric_limits<int>::max() - blocks) return Status::invalid("M x N is too large for the dataflow walk");
+  // One int counter takes the statistics jobs (at most N) and then the items, and each block's last claim overshoots.
+  if (items > std::numeric_limits<int>::max() - blocks - int64_t(a.N)) {
+    return Status::invalid("M x N is too large for the dataflow walk");
+  }
   const int tiles = static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows);
   FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2, tiles,
                     a.tile_rows, static_cast<const T*>(a.gamma), static_cast<const T*>(a.beta),

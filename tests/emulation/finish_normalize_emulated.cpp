@@ -219,14 +219,15 @@ Worst run_case(const Case& c, Source source) {
     p.flow = flow.data(), p.column_tiles = column_tiles, p.tile_columns = tile_columns;
     for (int t = 0; t < column_tiles; ++t) TileFlow::tiles_done(p.flow)[t] = TileFlow::kLanes * tiles;
     emulation::run_block(kThreads, [&p] { finish_dataflow_kernel<T>(p); });
-    // Every job and item claimed once (plus the claim that found none), every stripe queued once.
+    // Every job and then every item claimed once from the one counter (plus the claim that found none), every stripe
+    // queued once.
     const int jobs = column_tiles * (tile_columns / p.merge_columns);
     std::vector<int> queued(work.stripes, 0);
     for (int i = 0; i < work.stripes; ++i) {
       const int entry = TileFlow::stripe_queue(p.flow, column_tiles, work.stripes)[i];
       if (entry >= 1 && entry <= work.stripes) ++queued[entry - 1];
     }
-    claims_counted = flow[TileFlow::kStatsClaims] == jobs + 1 && flow[TileFlow::kItemClaims] == p.items + 1 &&
+    claims_counted = flow[TileFlow::kClaims] == jobs + p.items + 1 &&
                      flow[TileFlow::kStripesQueued] == work.stripes &&
                      std::all_of(queued.begin(), queued.end(), [](int q) { return q == 1; });
   } else {

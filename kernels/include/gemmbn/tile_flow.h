@@ -5,7 +5,8 @@
 // full and normalizes a stripe of y as soon as its columns' statistics are out. So the SMs the GEMM's last partial wave
 // leaves idle run the finish instead of waiting.
 //
-//   [kHeader]                   counters (TileFlow::Counter)
+//   [kHeader]                   counters (TileFlow::Counter; kClaims: the finish's claims, statistics jobs first, then
+//                               normalize items)
 //   tiles_done[column_tiles]    kLanes x the row tiles stored, per column tile (the GEMM's node)
 //   stripe_groups[stripes]      statistics groups done per finish stripe
 //   stripe_queue[stripes]       finish stripes in the order their statistics completed, as index + 1 (0: not yet)
@@ -21,7 +22,7 @@
 namespace gemmbn {
 
 struct TileFlow {
-  enum Counter : int { kStatsClaims = 0, kStripesQueued = 1, kItemClaims = 2, kHeader = 4 };
+  enum Counter : int { kClaims = 0, kStripesQueued = 1, kHeader = 4 };
   static constexpr int kLanes = 32;  // counts per stored tile
   static constexpr size_t ints(int column_tiles, int stripes) { return kHeader + size_t(column_tiles) + 2 * size_t(stripes); }
   static constexpr int* tiles_done(int* flow) { return flow + kHeader; }
@@ -63,22 +64,13 @@ __host__ __device__ inline void flow_fence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
 }
-// Waits (one thread) until *p reaches count, acquired.
-__host__ __device__ inline void flow_wait_count(const int* p, int count) {
-  while (flow_load_acquire(p) < count) {
+// Waits (one thread) until *p is at least `least` and returns it, acquired.
+__host__ __device__ inline int flow_wait_at_least(const int* p, int least) {
+  int v;
+  while ((v = flow_load_acquire(p)) < least) {
 #if defined(__CUDA_ARCH__)
     __nanosleep(256);
 #endif
-  }
-}
-// Waits (one thread) until *p is nonzero and returns it, acquired.
-__host__ __device__ inline int flow_wait_nonzero(const int* p) {
-  int v = flow_load_acquire(p);
-  while (v == 0) {
-#if defined(__CUDA_ARCH__)
-    __nanosleep(256);
-#endif
-    v = flow_load_acquire(p);
   }
   return v;
 }
