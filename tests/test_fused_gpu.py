@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
 from _helpers import float64_grads, grads, reference_copy
 from conftest import requires_sm90
 
@@ -426,6 +427,51 @@ def test_cuda_graph_replay_matches_eager(name, shape):
             expected = eager(static_x.clone())
             assert torch.equal(static_out, expected), f"step {step}"
     torch.testing.assert_close(model.bn.running_var, eager.bn.running_var, rtol=1e-6, atol=1e-6)
+    assert model.bn.num_batches_tracked.item() == eager.bn.num_batches_tracked.item() == 3
+
+
+# The dataflow walk captured (train_forward lifted its capture exclusion after this test ran, perf/NOTES.md v34): the
+# counters' memset is a node of the graph and the finish's programmatic launch an edge. At the benchmark shape (a last
+# partial wave; momentum=None: the finish waits for the GEMM's count of the batch) and on the stream-K row (its flags'
+# memset beside the counters').
+@pytest.mark.parametrize(
+    ("dtype", "precision", "shape"),
+    [
+        pytest.param(torch.bfloat16, "highest", BENCHMARK, id="bf16-16384x4096x4096"),
+        pytest.param(torch.float32, "high", STREAM_K, id="fp32-high-stream-k-384x8192x4096"),
+    ],
+)
+def test_cuda_graph_replay_of_the_dataflow_walk(dtype, precision, shape, monkeypatch):
+    """Captured training forwards through the dataflow walk replay bitwise like eager ones through the barrier walk."""
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")  # the walk takes the GEMM's partials
+    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
+    M, K, N = shape
+    model = _model(dtype, precision, K, N, momentum=None)
+    eager = copy.deepcopy(model)
+    static_x = _x(M, K, dtype)
+    graph = torch.cuda.CUDAGraph()
+    with fused_path(), torch.no_grad():
+        monkeypatch.setenv("GEMMBN_FINISH_DATAFLOW", "1")  # read per call: the captured forward takes the walk
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            copy.deepcopy(model)(static_x)  # warm-up on a throwaway copy (cuBLAS/allocator state)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            static_out = model(static_x)
+        monkeypatch.setenv("GEMMBN_FINISH_DATAFLOW", "0")  # the eager forwards: the barrier walk
+        for step in range(3):
+            static_x.copy_(_x(M, K, dtype))
+            static_out.fill_(float("nan"))  # poisoned: the replay must write every element
+            with profile(activities=[ProfilerActivity.CUDA]) as replay:  # which kernels the graph launches
+                graph.replay()
+                torch.cuda.synchronize()
+            expected = eager(static_x.clone())
+            assert torch.equal(static_out, expected), f"step {step}"
+            kernels = [e.name for e in replay.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            assert any("finish_dataflow_kernel" in name for name in kernels), f"step {step}: no dataflow walk"
+    for name in ("running_mean", "running_var"):
+        assert torch.equal(getattr(model.bn, name), getattr(eager.bn, name)), name
     assert model.bn.num_batches_tracked.item() == eager.bn.num_batches_tracked.item() == 3
 
 

@@ -32,12 +32,9 @@ Status train_forward(const GemmScaleStatsArgs& gemm_args, const FinishNormalizeA
       return Status::invalid("tile_rows must be the GEMM row's partial_rows");
     }
     // The dataflow walk: the GEMM counts its stored tiles per column tile in the finish's workspace, and the finish,
-    // launched behind it, takes what is stored as it comes (api.h: FinishNormalizeArgs.tile_columns). Not under CUDA
-    // graph capture: its programmatic launch inside a graph has not been run on a GPU yet (perf/NOTES.md v33), and
-    // the barrier walk computes the same bits.
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusActive;
+    // launched behind it, takes what is stored as it comes (api.h: FinishNormalizeArgs.tile_columns). Under CUDA graph
+    // capture too: the memset is a node and the programmatic launch an edge of the graph (perf/NOTES.md v34).
     if (finish.tile_columns == 0 && finish.moments == nullptr && finish.workspace != nullptr &&
-        cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture == cudaStreamCaptureStatusNone &&
         finish_runs_dataflow(finish.dtype, finish.M, finish.N)) {
       finish.tile_columns = row[1];
     }

@@ -204,7 +204,7 @@ size_t finish_workspace_bytes(int N);
 int* finish_tile_flow(void* workspace, int N);
 size_t finish_tile_flow_bytes(const FinishNormalizeArgs& args);
 // Whether the training forward's finish runs the dataflow walk (the rule, or GEMMBN_FINISH_DATAFLOW=0|1 where set; never
-// past the walk's limits). train_forward also keeps the barrier walk under CUDA graph capture.
+// past the walk's limits).
 bool finish_runs_dataflow(DType dtype, int64_t M, int N);
 Status finish_normalize(const FinishNormalizeArgs& args, cudaStream_t stream);
 // finish_normalize's argument checks alone (what it would refuse), without a launch.
