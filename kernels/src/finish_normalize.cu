@@ -53,6 +53,16 @@ inline int64_t stripes_for(DType dtype, int64_t N) {
   const int64_t columns = kLanesPerRow * (16 / dtype_size(dtype));
   return (N + columns - 1) / columns;
 }
+// The normalize items of the claimed and dataflow walks (a pass of rows of a stripe each), and whether a problem fits
+// the dataflow walk: its stripes within kMaxFlowStripes, and its items within half of the int claim counter, which also
+// takes the statistics jobs (at most N) and each block's last claim that finds nothing.
+inline int64_t pass_items(DType dtype, int64_t M, int N) {
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  return stripes_for(dtype, N) * ((M + kPassRows - 1) / kPassRows);
+}
+inline bool fits_dataflow(DType dtype, int64_t M, int N) {
+  return stripes_for(dtype, N) <= kMaxFlowStripes && pass_items(dtype, M, N) <= std::numeric_limits<int>::max() / 2;
+}
 
 template <class T>
 struct FinishParams {
@@ -519,7 +529,9 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
     if (a.tile_columns < kMinFlowTileColumns || a.tile_columns % merge_columns_for(a.N) != 0) {
       return Status::invalid("tile_columns must be the GEMM row's tile_n (at least 64, a multiple of 16)");
     }
-    if (stripes_for(a.dtype, a.N) > kMaxFlowStripes) return Status::invalid("N is too wide for the dataflow walk");
+    if (!fits_dataflow(a.dtype, a.M, a.N)) {
+      return Status::invalid("N (at most 1024 column stripes) or M x N is too large for the dataflow walk");
+    }
   }
   if (ranks && (a.ranks < 1 || a.partials_from_y)) {
     return Status::invalid("rank_moments needs ranks >= 1 and takes the partials' place (no partials_from_y)");
@@ -595,11 +607,7 @@ Status launch_dataflow(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_resident_blocks<&finish_dataflow_kernel<T>>(max_blocks); !s) return s;
   if (Status s = claiming_blocks(max_blocks, blocks); !s) return s;
   const int stripes = static_cast<int>(stripes_for(a.dtype, a.N));
-  const int64_t items = stripes * ((a.M + kPassRows - 1) / kPassRows);
-  // One int counter takes the statistics jobs (at most N) and then the items, and each block's last claim overshoots.
-  if (items > std::numeric_limits<int>::max() - blocks - int64_t(a.N)) {
-    return Status::invalid("M x N is too large for the dataflow walk");
-  }
+  const int64_t items = pass_items(a.dtype, a.M, a.N);  // within fits_dataflow's bound (finish_normalize_check)
   const int tiles = static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows);
   FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N, a.partial_mean, a.partial_m2, tiles,
                     a.tile_rows, static_cast<const T*>(a.gamma), static_cast<const T*>(a.beta),
@@ -624,7 +632,7 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   bool claims = false;
   if constexpr (!kFromY && kMode != FinishMode::moments) {
     constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
-    const int64_t claim_items = work.stripes * ((a.M + kPassRows - 1) / kPassRows);
+    const int64_t claim_items = pass_items(a.dtype, a.M, a.N);
     int claim_blocks = 0;
     if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
     claims = claim_items <= std::numeric_limits<int>::max() - claim_blocks &&
@@ -688,13 +696,10 @@ size_t finish_tile_flow_bytes(const FinishNormalizeArgs& a) {
 // 10 (shape, precision) pairs measured there; below it the walk's chain of claims and waits per block and the counters'
 // memset cost more than the GEMM's last wave leaves to overlap (16 MiB: +0.2-0.9%; 1024x4096->4096 bf16, 8 MiB: +12%;
 // perf/NOTES.md v33).
-// Never past the walk's limits (its stripes, its int item count), so a forced walk is refused by no check.
+// Never past the walk's limits (fits_dataflow), so a forced walk is refused by no check.
 constexpr int64_t kDataflowBytesPerSm = int64_t(240) << 10;
 bool finish_runs_dataflow(DType dtype, int64_t M, int N) {
-  const int64_t stripes = stripes_for(dtype, N), passes = kRowsPerPass * kUnroll;
-  if (stripes > kMaxFlowStripes || stripes * ((M + passes - 1) / passes) > std::numeric_limits<int>::max() / 2) {
-    return false;
-  }
+  if (!fits_dataflow(dtype, M, N)) return false;
   if (const char* forced = std::getenv("GEMMBN_FINISH_DATAFLOW"); forced && *forced) return forced[0] == '1';
   int device = 0, sm_count = 0;
   if (current_device_info(device, sm_count) != cudaSuccess) return false;
