@@ -22,20 +22,37 @@ __device__ __forceinline__ void wait_for_preceding_grids() {
 #endif
 }
 
+namespace detail {
+
+// The attribute that lets a launch start before the kernel ahead of it on the stream has completed.
+inline cudaLaunchAttribute programmatic_serialization() {
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  return attribute;
+}
+
+// kernel<<<blocks, threads, 0, stream>>>(params) with `count` launch attributes.
+template <class Params>
+cudaError_t launch_with(void (*kernel)(Params), int blocks, int threads, Params& params, cudaStream_t stream,
+                        cudaLaunchAttribute* attributes, unsigned count) {
+  // In field order (gridDim, blockDim, dynamicSmemBytes, stream, attrs, numAttrs): the CPU emulation of the kernels
+  // (tests/emulation/emulation.h) defines gridDim and blockDim as macros, so the fields are not named.
+  cudaLaunchConfig_t config = {dim3(blocks), dim3(threads), 0, stream, attributes, count};
+  void* arguments[] = {&params};
+  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), arguments);
+}
+
+}  // namespace detail
+
 // kernel<<<blocks, threads, 0, stream>>>(params) as a cooperative launch (every block resident at once: a grid
 // barrier may be used), programmatic where GEMMBN_PROGRAMMATIC_LAUNCH.
 template <class Params>
 cudaError_t launch_cooperative(void (*kernel)(Params), int blocks, int threads, Params& params, cudaStream_t stream) {
-  cudaLaunchAttribute attributes[2] = {};
+  cudaLaunchAttribute attributes[2] = {{}, detail::programmatic_serialization()};
   attributes[0].id = cudaLaunchAttributeCooperative;
   attributes[0].val.cooperative = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  // In field order (gridDim, blockDim, dynamicSmemBytes, stream, attrs, numAttrs): the CPU emulation of the kernels
-  // (tests/emulation/emulation.h) defines gridDim and blockDim as macros, so the fields are not named.
-  cudaLaunchConfig_t config = {dim3(blocks), dim3(threads), 0, stream, attributes, GEMMBN_PROGRAMMATIC_LAUNCH ? 2u : 1u};
-  void* arguments[] = {&params};
-  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), arguments);
+  return detail::launch_with(kernel, blocks, threads, params, stream, attributes, GEMMBN_PROGRAMMATIC_LAUNCH ? 2u : 1u);
 }
 
 // kernel<<<blocks, threads, 0, stream>>>(params) as a programmatic dependent launch, always: its blocks may start once
@@ -43,12 +60,8 @@ cudaError_t launch_cooperative(void (*kernel)(Params), int blocks, int threads, 
 // (finish_dataflow_kernel: the GEMM's tile flow, tile_flow.h).
 template <class Params>
 cudaError_t launch_programmatic(void (*kernel)(Params), int blocks, int threads, Params& params, cudaStream_t stream) {
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {dim3(blocks), dim3(threads), 0, stream, &attribute, 1u};
-  void* arguments[] = {&params};
-  return cudaLaunchKernelExC(&config, reinterpret_cast<const void*>(kernel), arguments);
+  cudaLaunchAttribute attribute = detail::programmatic_serialization();
+  return detail::launch_with(kernel, blocks, threads, params, stream, &attribute, 1u);
 }
 
 }  // namespace gemmbn
