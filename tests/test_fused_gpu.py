@@ -401,6 +401,20 @@ def test_the_stream_k_shape_takes_a_stream_k_row():
     assert C.gemm_configs("float32")[C.gemm_selected_config("float32", M, N, K)]["stream_k"] == 1
 
 
+def _captured_forward(model, static_x):
+    """(graph, its output): model(static_x) captured in a CUDA graph, after a warm-up on a throwaway copy of the model
+    on a side stream (cuBLAS/allocator state)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        copy.deepcopy(model)(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = model(static_x)
+    return graph, static_out
+
+
 @pytest.mark.parametrize(
     ("name", "shape"), [(name, (1000, 512, 264)) for name in CONFIGS] + [("fp32-high", STREAM_K)],
     ids=[*CONFIGS, "fp32-high-stream-k"],
@@ -412,15 +426,8 @@ def test_cuda_graph_replay_matches_eager(name, shape):
     model = _model(dtype, precision, K, N, momentum=None)
     eager = copy.deepcopy(model)
     static_x = _x(M, K, dtype)
-    graph = torch.cuda.CUDAGraph()
     with fused_path(), torch.no_grad():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            copy.deepcopy(model)(static_x)  # warm-up on a throwaway copy (cuBLAS/allocator state)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            static_out = model(static_x)
+        graph, static_out = _captured_forward(model, static_x)
         for step in range(3):
             static_x.copy_(_x(M, K, dtype))
             graph.replay()
@@ -449,16 +456,9 @@ def test_cuda_graph_replay_of_the_dataflow_walk(dtype, precision, shape, monkeyp
     model = _model(dtype, precision, K, N, momentum=None)
     eager = copy.deepcopy(model)
     static_x = _x(M, K, dtype)
-    graph = torch.cuda.CUDAGraph()
     with fused_path(), torch.no_grad():
         monkeypatch.setenv("GEMMBN_FINISH_DATAFLOW", "1")  # read per call: the captured forward takes the walk
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            copy.deepcopy(model)(static_x)  # warm-up on a throwaway copy (cuBLAS/allocator state)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(graph):
-            static_out = model(static_x)
+        graph, static_out = _captured_forward(model, static_x)
         monkeypatch.setenv("GEMMBN_FINISH_DATAFLOW", "0")  # the eager forwards: the barrier walk
         for step in range(3):
             static_x.copy_(_x(M, K, dtype))
