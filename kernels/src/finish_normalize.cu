@@ -54,8 +54,8 @@ inline int64_t stripes_for(DType dtype, int64_t N) {
   return (N + columns - 1) / columns;
 }
 // The normalize items of the claimed and dataflow walks (a pass of rows of a stripe each), and whether a problem fits
-// the dataflow walk: its stripes within kMaxFlowStripes, and its items within half of the int claim counter, which also
-// takes the statistics jobs (at most N) and each block's last claim that finds nothing.
+// the dataflow walk: its stripes within kMaxFlowStripes, and its items within half of its int item counter (which
+// also takes each block's claims that find nothing).
 inline int64_t pass_items(DType dtype, int64_t M, int N) {
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
   return stripes_for(dtype, N) * ((M + kPassRows - 1) / kPassRows);
@@ -102,6 +102,7 @@ struct FinishParams {
   // The dataflow walk (finish_dataflow_kernel): the GEMM's flow counters (tile_flow.h) and its column tiles' width.
   int* flow = nullptr;
   int column_tiles = 0, tile_columns = 0;
+  int items_first = 0;  // a block's first claim: 0 a statistics job, 1 a normalize item (finish_dataflow_kernel)
 };
 
 // y = (v + b) s rounded to T (fp32 arithmetic, as the GEMM epilogue's): what the product variant reads for a stored v.
@@ -419,83 +420,101 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
   normalize_rows<T, /*kLastRowsFirst=*/kFromY, kProduct>(p);
 }
 
-// The dataflow walk (train_forward with the GEMM's tile flow, tile_flow.h; perf/NOTES.md v33), launched while the GEMM
-// still runs and without a grid barrier. Blocks claim from one counter: claims below `jobs` are statistics jobs (one
-// column group each), taken once the GEMM has stored every row tile of the group's column tile, and the block finishing
-// a stripe's last group queues the stripe; the claims after them are normalize items (a pass of rows of a stripe, in
-// the order the stripes were queued, last rows first), each taken once its stripe is queued. So a block's claim that
-// finds no job left is its first item, one round trip. Neither wait can deadlock: column tiles are counted by the GEMM
-// alone, and every job has been claimed, by a running block, before any item is. Per element the arithmetic is the
-// barrier walk's (merge_column_group, normalize_item): the same bits.
+// The dataflow walk (train_forward with the GEMM's tile flow, tile_flow.h; perf/NOTES.md v33, v35), launched while the
+// GEMM still runs and without a grid barrier. Two kinds of work, each claimed in order from its own counter: statistics
+// jobs (job j merges column group j once the GEMM has stored every row tile of the group's column tile; the job that
+// finishes a stripe's last group queues the stripe) and normalize items (item k: a pass of rows of the (k / passes)-th
+// stripe queued, last rows first). A block holds at most one item: it streams the item once its stripe is queued,
+// claims a job while it is not, and waits for the stripe only when every job is claimed. So no wait can deadlock: a
+// job waits only for the GEMM, which counts its tiles alone, and an item only once every job is held by a running
+// block. A block's first claim is a job (items_first 0: every job is claimed before any item is held, the walk of
+// v33-v34) or an item (items_first 1: stripes the GEMM finished early are normalized while it still runs).
+// Per element the arithmetic is the barrier walk's (merge_column_group, normalize_item): the same bits.
 template <class T>
 __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<T> p) {
   constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  enum Step : int { kDone, kJob, kItem };
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
-  __shared__ int job[1], stripe_of[kMaxFlowStripes], claimed[2][2], queue_complete;
+  __shared__ int step[3], stripe_of[kMaxFlowStripes], queue_complete;  // step: {Step, job or item, the item's stripe}
   int* const flow = p.flow;
-  int* const claims = flow + TileFlow::kClaims;
+  int* const job_claims = flow + TileFlow::kJobClaims;
+  int* const item_claims = flow + TileFlow::kItemClaims;
   const int* const tiles_done = TileFlow::tiles_done(flow);
   const int tile_count = TileFlow::kLanes * p.tiles;  // a column tile's count once every row tile is stored
   int* const stripe_groups = TileFlow::stripe_groups(flow, p.column_tiles);
   int* const stripe_queue = TileFlow::stripe_queue(flow, p.column_tiles, p.stripes);
   const int groups_per_tile = p.tile_columns / p.merge_columns, jobs = p.column_tiles * groups_per_tile;
-  // Statistics jobs: job j is column group j, of column tile j / groups_per_tile.
-  int first_claim;
-  for (;;) {
-    if (threadIdx.x == 0) {
-      const int j = atomicAdd(claims, 1);
-      job[0] = j;
-      if (j < jobs) {
-        flow_wait_at_least(tiles_done + j / groups_per_tile, tile_count);
-        // momentum=None reads batches_tracked, which the GEMM's tile (0, 0) counts: wait for column tile 0 too.
-        if (p.cumulative && p.running_mean != nullptr) flow_wait_at_least(tiles_done, tile_count);
-        flow_fence();
-      }
-    }
-    __syncthreads();
-    const int j = job[0], group = j;
-    __syncthreads();  // job[] is rewritten by the next claim
-    if (j >= jobs) {
-      first_claim = j;
-      break;
-    }
-    merge_one_group(p, group, lane_s1, lane_s2);  // ends with a barrier: the group's writes precede what follows
-    if (threadIdx.x == 0 && group * p.merge_columns < p.N) {
-      const int stripe = group * p.merge_columns / kCols;
-      const int stripe_columns = min(kCols, p.N - stripe * kCols);
-      const int groups_in_stripe = (stripe_columns + p.merge_columns - 1) / p.merge_columns;
-      flow_fence();
-      if (atomicAdd(stripe_groups + stripe, 1) == groups_in_stripe - 1) {
-        flow_fence();
-        const int slot = atomicAdd(flow + TileFlow::kStripesQueued, 1);
-        flow_store_release(stripe_queue + slot, stripe + 1);
-      }
-    }
-  }
-  // Normalize items: item k (claim jobs + k) is pass passes - 1 - k % passes of the (k / passes)-th stripe queued.
-  // Until a block has seen the whole queue it reads each item's entry (waiting for it); then it copies the queue into
-  // shared memory once.
   const int passes = static_cast<int>((p.M + kPassRows - 1) / kPassRows);
-  auto take = [&](int slot, int k) {  // thread 0
-    claimed[slot][0] = k;
-    if (k >= p.items || queue_complete) return;
-    claimed[slot][1] = flow_wait_at_least(stripe_queue + k / passes, 1) - 1;
-    flow_fence();
+  // Thread 0's item: its claim (-1: none held) and its stripe (-1: not queued when last read).
+  int held = -1, held_stripe = -1;
+  auto read_stripe = [&] {  // thread 0; no wait
+    if (held_stripe < 0 && held >= 0 && held < p.items) {
+      held_stripe = queue_complete ? stripe_of[held / passes] : flow_load_acquire(stripe_queue + held / passes) - 1;
+    }
   };
-  if (threadIdx.x == 0) queue_complete = 0, take(0, first_claim - jobs);
-  __syncthreads();
-  for (int round = 1;; ++round) {  // uniform across the block
-    const int k = claimed[(round - 1) & 1][0];
-    if (k >= p.items) break;
-    const int stripe = queue_complete ? stripe_of[k / passes] : claimed[(round - 1) & 1][1];
-    if (threadIdx.x == 0) take(round & 1, atomicAdd(claims, 1) - jobs);  // the next item's claim, while this one streams
-    normalize_item<T, false, false>(p, (passes - 1 - k % passes) * p.stripes + stripe);
+  auto decide = [&]() -> int {  // thread 0: the block's next step into step[]
+    for (;;) {
+      read_stripe();
+      if (held_stripe >= 0) break;
+      if (flow_load_acquire(job_claims) < jobs) {
+        const int j = atomicAdd(job_claims, 1);
+        if (j < jobs) {
+          flow_wait_at_least(tiles_done + j / groups_per_tile, tile_count);
+          // momentum=None reads batches_tracked, which the GEMM's tile (0, 0) counts: wait for column tile 0 too.
+          if (p.cumulative && p.running_mean != nullptr) flow_wait_at_least(tiles_done, tile_count);
+          flow_fence();
+          step[1] = j;
+          return kJob;
+        }
+      }
+      if (held < 0) {
+        held = atomicAdd(item_claims, 1);
+        continue;
+      }
+      if (held >= p.items) return kDone;
+      held_stripe = flow_wait_at_least(stripe_queue + held / passes, 1) - 1;  // every job is held: it comes
+    }
+    flow_fence();
+    step[1] = held, step[2] = held_stripe;
+    return kItem;
+  };
+  if (threadIdx.x == 0) {
+    queue_complete = 0;
+    if (p.items_first) held = atomicAdd(item_claims, 1);
+  }
+  for (;;) {  // uniform across the block
+    if (threadIdx.x == 0) step[0] = decide();
     __syncthreads();
+    const int what = step[0], index = step[1], stripe = step[2];
+    __syncthreads();  // step is rewritten by the next decision
+    if (what == kDone) break;
+    if (what == kJob) {
+      merge_one_group(p, index, lane_s1, lane_s2);  // ends with a barrier: the group's writes precede what follows
+      if (threadIdx.x == 0 && index * p.merge_columns < p.N) {
+        const int queued = index * p.merge_columns / kCols;
+        const int stripe_columns = min(kCols, p.N - queued * kCols);
+        const int groups_in_stripe = (stripe_columns + p.merge_columns - 1) / p.merge_columns;
+        flow_fence();
+        if (atomicAdd(stripe_groups + queued, 1) == groups_in_stripe - 1) {
+          flow_fence();
+          const int slot = atomicAdd(flow + TileFlow::kStripesQueued, 1);
+          flow_store_release(stripe_queue + slot, queued + 1);
+        }
+      }
+      continue;
+    }
+    if (threadIdx.x == 0) {  // the next item's claim and a look at its stripe, while this one streams
+      held = atomicAdd(item_claims, 1), held_stripe = -1;
+      read_stripe();
+    }
+    normalize_item<T, false, false>(p, (passes - 1 - index % passes) * p.stripes + stripe);
+    __syncthreads();
+    // Once every stripe is queued, the block copies the queue into shared memory and reads no entry again.
     if (!queue_complete) {  // uniform: read after a barrier, written below after another
-      if (threadIdx.x == 0) job[0] = flow_load_acquire(flow + TileFlow::kStripesQueued) == p.stripes;
+      if (threadIdx.x == 0) step[0] = flow_load_acquire(flow + TileFlow::kStripesQueued) == p.stripes;
       __syncthreads();
-      if (job[0]) {  // every slot is taken: wait for the entries themselves, then keep them
+      if (step[0]) {  // every slot is taken: wait for the entries themselves, then keep them
         for (int i = threadIdx.x; i < p.stripes; i += kThreads) {
           stripe_of[i] = flow_wait_at_least(stripe_queue + i, 1) - 1;
         }
@@ -599,6 +618,15 @@ Status claiming_blocks(int max_blocks, int& blocks) {
   return Status::success();
 }
 
+// Whether the dataflow walk's blocks claim a normalize item first (finish_dataflow_kernel): GEMMBN_FLOW_ITEMS_FIRST=1,
+// read at each launch; else a statistics job, the walk measured in perf/NOTES.md v33-v34. EXPERIMENT (v35): items first
+// pays only where the GEMM completes column tiles before its last wave (its tile order along M:
+// GEMMBN_TRAIN_TILE_ORDER), and has not run on a GPU yet.
+inline int flow_items_first() {
+  const char* set = std::getenv("GEMMBN_FLOW_ITEMS_FIRST");
+  return set != nullptr && set[0] == '1';
+}
+
 // The dataflow walk's launch: a pass of rows per item, as the claimed walk, on at most two blocks per SM.
 template <class T>
 Status launch_dataflow(const FinishNormalizeArgs& a, cudaStream_t stream) {
@@ -619,6 +647,7 @@ Status launch_dataflow(const FinishNormalizeArgs& a, cudaStream_t stream) {
   p.flow = finish_tile_flow(a.workspace, a.N);
   p.column_tiles = (a.N + a.tile_columns - 1) / a.tile_columns;
   p.tile_columns = a.tile_columns;
+  p.items_first = flow_items_first();
   return Status::from_cuda(launch_programmatic(&finish_dataflow_kernel<T>, blocks, kThreads, p, stream),
                            "launching finish_normalize (dataflow)");
 }

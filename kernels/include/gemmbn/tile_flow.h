@@ -5,8 +5,8 @@
 // full and normalizes a stripe of y as soon as its columns' statistics are out. So the SMs the GEMM's last partial wave
 // leaves idle run the finish instead of waiting.
 //
-//   [kHeader]                   counters (TileFlow::Counter; kClaims: the finish's claims, statistics jobs first, then
-//                               normalize items)
+//   [kHeader]                   counters (TileFlow::Counter: the finish's claims of statistics jobs and of normalize
+//                               items, and the stripes queued)
 //   tiles_done[column_tiles]    kLanes x the row tiles stored, per column tile (the GEMM's node)
 //   stripe_groups[stripes]      statistics groups done per finish stripe
 //   stripe_queue[stripes]       finish stripes in the order their statistics completed, as index + 1 (0: not yet)
@@ -22,7 +22,7 @@
 namespace gemmbn {
 
 struct TileFlow {
-  enum Counter : int { kClaims = 0, kStripesQueued = 1, kHeader = 4 };
+  enum Counter : int { kJobClaims = 0, kStripesQueued = 1, kItemClaims = 2, kHeader = 4 };
   static constexpr int kLanes = 32;  // counts per stored tile
   static constexpr size_t ints(int column_tiles, int stripes) { return kHeader + size_t(column_tiles) + 2 * size_t(stripes); }
   static constexpr int* tiles_done(int* flow) { return flow + kHeader; }
