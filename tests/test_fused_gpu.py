@@ -256,34 +256,50 @@ DATAFLOW_CASES = [
     pytest.param(torch.float32, "high", STREAM_K, 0.1, id="fp32-high-stream-k-384x8192x4096"),
     pytest.param(torch.bfloat16, "highest", (4096, 8192, 2048), 0.1, id="bf16-4096x8192x2048"),
 ]
+# Each walk as (GEMMBN_FINISH_DATAFLOW, GEMMBN_FLOW_ITEMS_FIRST, GEMMBN_TRAIN_TILE_ORDER), all read per call: the
+# barrier walk, the dataflow walk with jobs first and with items first, and the tile order along M (the experiment of
+# perf/NOTES.md v35) under the barrier walk and under the walk with items first.
+DATAFLOW_WALKS = {
+    "barrier": ("0", "0", ""),
+    "walk": ("1", "0", ""),
+    "walk, items first": ("1", "1", ""),
+    "barrier, along M": ("0", "0", "M1"),
+    "walk, items first, along M": ("1", "1", "M1"),
+}
 
 
 @pytest.mark.parametrize(("dtype", "precision", "shape", "momentum"), DATAFLOW_CASES)
 def test_dataflow_finish_matches_the_barrier_walk(dtype, precision, shape, momentum, monkeypatch):
     """The dataflow walk runs the barrier walk's arithmetic per element: the same bits in the output, the running
-    statistics and the count, over two steps (the counters are zeroed on the stream before each GEMM); the output and
-    running statistics against float64."""
+    statistics and the count, over two steps (the counters are zeroed on the stream before each GEMM), with either
+    first claim and either tile order; the output and running statistics against float64."""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")  # the walk takes the GEMM's partials
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=momentum)
     xs = [_x(M, K, dtype) for _ in range(2)]
     xs[0][: max(1, M // 64)] *= 20  # the first rows far out
-    models = {walk: copy.deepcopy(model) for walk in ("0", "1")}
+    models = {walk: copy.deepcopy(model) for walk in DATAFLOW_WALKS}
     outs = {}
     for walk, m in models.items():
-        monkeypatch.setenv("GEMMBN_FINISH_DATAFLOW", walk)
+        for name, value in zip(("GEMMBN_FINISH_DATAFLOW", "GEMMBN_FLOW_ITEMS_FIRST", "GEMMBN_TRAIN_TILE_ORDER"),
+                               DATAFLOW_WALKS[walk]):  # fmt: skip
+            monkeypatch.setenv(name, value)
         with fused_path(), torch.no_grad():
             outs[walk] = [m(x).clone() for x in xs]
     torch.cuda.synchronize()
-    for first, second in zip(outs["0"], outs["1"]):
-        assert torch.equal(first, second)
-    for name in ("running_mean", "running_var", "num_batches_tracked"):
-        assert torch.equal(getattr(models["0"].bn, name), getattr(models["1"].bn, name)), name
-    assert models["1"].bn.num_batches_tracked.item() == 2
+    for walk in DATAFLOW_WALKS:
+        # A stream-K row splits the last tiles of its order along K: another order, other tiles' sums split.
+        along_m = DATAFLOW_WALKS[walk][2] != ""
+        reference = "barrier, along M" if along_m and shape == STREAM_K else "barrier"
+        for first, second in zip(outs[reference], outs[walk]):
+            assert torch.equal(first, second), walk
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            assert torch.equal(getattr(models[reference].bn, name), getattr(models[walk].bn, name)), (walk, name)
+        assert models[walk].bn.num_batches_tracked.item() == 2
     reference = copy.deepcopy(model)
     out64, bn64 = float64_forward(reference, xs[0])
-    _assert_close_to_float64(outs["1"][0], out64, dtype, precision, "dataflow training output", M)
+    _assert_close_to_float64(outs["walk"][0], out64, dtype, precision, "dataflow training output", M)
 
 
 # The training forward's product by cuBLAS (api.h: train_product_by_cublas; forced through GEMMBN_TRAIN_PRODUCT, which

@@ -465,7 +465,7 @@ def test_train_forward_is_the_two_launches(name, momentum):
             assert torch.equal(a, c)
 
 
-def test_train_forward_refuses_before_launching():
+def test_train_forward_refuses_before_launching(monkeypatch):
     # A refused call must launch neither kernel: no running statistic or counter moves (the GEMM counts the batch).
     x, w, b, s, gamma, beta, tile_m, make_outputs = _train_case("float32")
     N = w.shape[0]
@@ -486,6 +486,10 @@ def test_train_forward_refuses_before_launching():
     for change, match in bad:
         with pytest.raises(RuntimeError, match=match):
             operators().train_forward(*{**good, **change}.values())
+    for order in ("M3", "X", "N8x"):  # the experiment's tile order (train_forward.cpp), read per call
+        monkeypatch.setenv("GEMMBN_TRAIN_TILE_ORDER", order)
+        with pytest.raises(RuntimeError, match="GEMMBN_TRAIN_TILE_ORDER must be M or N"):
+            operators().train_forward(*good.values())
     torch.cuda.synchronize()
     assert counter.item() == 4
     assert torch.equal(running_mean, rm0) and torch.equal(running_var, rv0)

@@ -1,7 +1,31 @@
 // The training forward's two launches behind one call: every check of both before the first launch.
+#include <cstdlib>
+
 #include "gemmbn/api.h"
 
 namespace gemmbn {
+namespace {
+
+// The GEMM's tile order where the call names none: GEMMBN_TRAIN_TILE_ORDER=M|N[swizzle] (along M or along N, with the
+// row's swizzle or the one given), read per call. EXPERIMENT (perf/NOTES.md v35, not yet measured): along M the GEMM
+// finishes its column tiles band by band (a band: swizzle x cluster_n column tiles), so the dataflow walk with items
+// first (GEMMBN_FLOW_ITEMS_FIRST=1) can normalize the first bands on the SMs its last partial wave leaves idle.
+Status take_tile_order(GemmScaleStatsArgs& gemm) {
+  const char* order = std::getenv("GEMMBN_TRAIN_TILE_ORDER");
+  if (order == nullptr || *order == '\0' || gemm.raster >= 0 || gemm.swizzle >= 0) return Status::success();
+  char* end = nullptr;
+  const long swizzle = order[1] == '\0' ? -1 : std::strtol(order + 1, &end, 10);
+  const bool swizzle_ok =
+      end == nullptr || (*end == '\0' && (swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8));
+  if ((order[0] != 'M' && order[0] != 'N') || !swizzle_ok) {
+    return Status::invalid("GEMMBN_TRAIN_TILE_ORDER must be M or N, then optionally a swizzle (1, 2, 4 or 8)");
+  }
+  gemm.raster = order[0] == 'M' ? 1 : 2;
+  gemm.swizzle = static_cast<int>(swizzle);
+  return Status::success();
+}
+
+}  // namespace
 
 Status train_forward(const GemmScaleStatsArgs& gemm_args, const FinishNormalizeArgs& finish_args, cudaStream_t stream) {
   GemmScaleStatsArgs gemm = gemm_args;
@@ -43,6 +67,7 @@ Status train_forward(const GemmScaleStatsArgs& gemm_args, const FinishNormalizeA
       gemm.tile_flow = finish_tile_flow(finish.workspace, finish.N);
     }
   }
+  if (Status s = take_tile_order(gemm); !s) return s;
   // The finish's checks first: gemm_scale_stats checks its own before it launches anything.
   if (Status s = finish_normalize_check(finish); !s) return s;
   if (gemm.tile_flow != nullptr) {
