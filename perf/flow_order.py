@@ -82,7 +82,8 @@ def main() -> None:
     parser.add_argument("--cluster", default="1,1", help="cluster_m,cluster_n with --tile")
     args = parser.parse_args()
     shapes = parse_sizes(args.sizes) if args.sizes else SETS["sweep"]
-    print("M×K→N | row (tile, cluster, swizzle) | order | waves | idle SM-waves | early columns | rows, columns per wave")
+    print("M×K→N | row (tile, cluster, swizzle) | order | waves | idle SM-waves | early columns | rows, columns "
+          "per wave")
     for shape in shapes:
         if args.tile:
             tile_m, tile_n = map(int, args.tile.split(","))

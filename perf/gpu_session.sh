@@ -41,6 +41,10 @@
 #                     far off the others): the y pass against the epilogue where the rule's choice is least measured
 #                     (perf/NOTES.md v25), TF32 and bf16; other sizes by GEMMBN_SOURCE_SIZES="M K N;...", other
 #                     precisions by GEMMBN_SOURCE_CONFIGS (default tf32,bf16)
+#   flow-ab           the dataflow walk's switches side by side (perf/NOTES.md v35): barrier, walk (jobs first), items
+#                     first, items first with the tiles along M; perf/ab.sh over perf/bench.py, three rounds, then
+#                     perf/ab_summary.py's table (flow-ab.md, flow-ab.csv) and perf/anatomy.py with items first at
+#                     4096x8192->2048 bf16; other sizes by GEMMBN_FLOW_SIZES="M K N;..."
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
@@ -229,6 +233,19 @@ for name in $steps; do
           --swizzles 1 --iters 10 --out "$out/tune_epilogue_${size// /x}.csv" 2>&1 \
           | tee -a "$out/tune_epilogue.txt" | awk '/:/{c=0} {c++; if (c<=9) print}'
       done ;;
+    flow-ab)
+      sizes="4096 8192 2048;2048 8192 4096;16384 8192 512;1024 4096 4096;4096 4096 4096;16384 8192 2048;16384 4096 4096"
+      sides=(barrier:GEMMBN_FINISH_DATAFLOW=0 walk:GEMMBN_FINISH_DATAFLOW=1
+             items:GEMMBN_FINISH_DATAFLOW=1,GEMMBN_FLOW_ITEMS_FIRST=1
+             items-m1:GEMMBN_FINISH_DATAFLOW=1,GEMMBN_FLOW_ITEMS_FIRST=1,GEMMBN_TRAIN_TILE_ORDER=M1)
+      timeout $(limit 420) bash perf/ab.sh "$out/flow-ab" "${sides[@]}" 3 -- perf/bench.py \
+        --sizes "${GEMMBN_FLOW_SIZES:-$sizes}" --configs bf16,tf32 --providers gemmbn --no-compile --iters 30 \
+        --out "$out/flow-ab/bench_{side}_{round}.csv" > "$out/flow-ab.log" 2>&1
+      python3 perf/ab_summary.py "$out"/flow-ab/bench_barrier_*.csv "$out"/flow-ab/bench_walk_*.csv \
+        "$out"/flow-ab/bench_items_*.csv "$out"/flow-ab/bench_items-m1_*.csv --out "$out/flow-ab.csv" \
+        --note "perf/gpu_session.sh flow-ab at $GEMMBN_COMMIT: ${sides[*]}" | tee "$out/flow-ab.md"
+      GEMMBN_FINISH_DATAFLOW=1 GEMMBN_FLOW_ITEMS_FIRST=1 timeout $(limit 60) python3 perf/anatomy.py \
+        --size 4096 8192 2048 --dtype bfloat16 --providers gemmbn 2>&1 | tee "$out/flow-anatomy.txt" | tail -20 ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do

@@ -349,3 +349,37 @@ def test_sass_diff_hashes_each_kernel_without_its_addresses(monkeypatch):
     assert sass_diff.main() == 1
     monkeypatch.setattr(sys, "argv", ["sass_diff.py", "a.so", "a.so"])
     assert sass_diff.main() == 0
+
+
+def test_flow_order_walks_cutlass_order():
+    # The persistent order (CUTLASS's sm90 get_work_idx_m_and_n) worked by hand for row 0 at 4096x8192->2048: along N
+    # in bands of 8 clusters x 2 = 16 row tiles, column tile by column tile inside a band.
+    flow_order = _load("flow_order")
+    order, raster, group = flow_order.tile_order(32, 16, 2, 1, "H", 8)
+    assert (raster, group) == ("N", 8) and len(order) == 512 and len(set(order)) == 512  # every tile once
+    assert order[:3] == [(0, 0), (1, 0), (2, 0)] and order[16] == (0, 1) and order[256] == (16, 0)
+    r = flow_order.model(4096, 2048, 128, 128, 2, 1, "H", 8)
+    # 512 tiles on 132 CTAs; column tile n of the second band is stored at tile 256 + 16 (n + 1) - 1, so columns 0-7
+    # (tiles up to 383) are complete when the last wave starts at tile 396.
+    assert abs(r["waves"] - 512 / 132) < 1e-9 and r["early"] == 0.5 and (r["rows"], r["columns"]) == (16, 9)
+    # Along M, swizzle 1, with the x-sharing cluster: pairs of column tiles, all 128 row tiles each.
+    order, raster, group = flow_order.tile_order(128, 4, 1, 2, "M", 1)
+    assert (raster, group) == ("M", 1) and order[:3] == [(0, 0), (0, 1), (1, 0)] and order[256] == (0, 2)
+    # A swizzle that pads: 4 column tiles rounded up to 4 x 2 = 8 (configs.h unpadded_swizzle's "cliff").
+    assert flow_order.model(16384, 512, 128, 128, 1, 2, "N", 8)["waves"] == 2 * 512 / 132
+
+
+def test_ab_summary_takes_the_min_of_round_medians(tmp_path, capsys, monkeypatch):
+    ab_summary = _load("ab_summary")
+    header = ",".join(COLUMNS) + "\n"
+    medians = {("a", 0): 2.0, ("a", 1): 1.0, ("b_x", 0): 0.9, ("b_x", 1): 1.2}
+    for (side, round_), median in medians.items():
+        (tmp_path / f"bench_{side}_{round_}.csv").write_text(
+            f"# gpu: test\n{header}sizes,64,32,16,gemmbn,bfloat16,-,train,{median},0,0,0,0,,,\n")
+    files = [str(tmp_path / f"bench_{side}_{r}.csv") for side, r in medians]
+    monkeypatch.setattr(sys, "argv", ["ab_summary.py", *files, "--out", str(tmp_path / "all.csv"), "--note", "n"])
+    ab_summary.main()
+    line = [row for row in capsys.readouterr().out.splitlines() if row.startswith("| 64×32→16")][0]
+    assert line == "| 64×32→16 | bfloat16 | train | 1.0000 | 0.9000 | -10.0% |"
+    rows = (tmp_path / "all.csv").read_text().splitlines()
+    assert rows[0] == "# n" and rows[1].startswith("side,round,set,M") and len(rows) == 2 + 4
