@@ -224,6 +224,8 @@ bool train_product_by_cublas(GemmOperands operands, int M, int N, int K);
 // calls' arguments checked before the first launch, so a refused call launches nothing (no running
 // statistic or batches_tracked moves). The two must describe one problem: the finish reads the GEMM's
 // y and partials (same pointers, M, N, dtype and batches_tracked; tile_rows the GEMM row's partial_rows).
+// GEMMBN_TRAIN_TILE_ORDER=M|N[swizzle], where set, orders the GEMM's tiles when the call names no raster or swizzle
+// (an experiment, perf/NOTES.md v35).
 Status train_forward(const GemmScaleStatsArgs& gemm, const FinishNormalizeArgs& finish, cudaStream_t stream);
 
 // Backward of the normalization and of the scale (python/gemmbn/backward.py has the whole step), per column
