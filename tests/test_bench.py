@@ -383,3 +383,32 @@ def test_ab_summary_takes_the_min_of_round_medians(tmp_path, capsys, monkeypatch
     assert line == "| 64×32→16 | bfloat16 | train | 1.0000 | 0.9000 | -10.0% |"
     rows = (tmp_path / "all.csv").read_text().splitlines()
     assert rows[0] == "# n" and rows[1].startswith("side,round,set,M") and len(rows) == 2 + 4
+
+
+def test_ab_runs_every_side_in_turn_with_its_package_and_switches(tmp_path):
+    # ab.sh in a copy of the tree's layout (perf/ab.sh, python/gemmbn with an _operators.so), a script that reports
+    # what it ran with; sides: two switch sides on this tree's package and one folder holding only an _operators.so.
+    (tmp_path / "perf").mkdir()
+    (tmp_path / "perf" / "ab.sh").write_text((PERF / "ab.sh").read_text())
+    package = tmp_path / "python" / "gemmbn"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "_operators.so").write_text("tree")
+    (tmp_path / "variant").mkdir()
+    (tmp_path / "variant" / "_operators.so").write_text("variant")
+    (tmp_path / "report.py").write_text(
+        "import os, sys, pathlib, gemmbn\n"
+        "so = pathlib.Path(gemmbn.__file__).with_name('_operators.so').read_text()\n"
+        "print(sys.argv[1], os.environ.get('GEMMBN_X', '-'), os.environ.get('GEMMBN_Y', '-'), so)\n")
+    out = tmp_path / "out"
+    command = ["bash", str(tmp_path / "perf" / "ab.sh"), str(out), "one:GEMMBN_X=1", "two:GEMMBN_X=2,GEMMBN_Y=3",
+               str(tmp_path / "variant"), "2", "--", str(tmp_path / "report.py"), "{side}-{round}"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = [line for line in result.stdout.splitlines() if not line.startswith("==")]
+    assert ran == ["one-0 1 - tree", "two-0 2 3 tree", "variant-0 - - variant",
+                   "one-1 1 - tree", "two-1 2 3 tree", "variant-1 - - variant"]  # fmt: skip
+    assert (out / "two_1.txt").read_text().splitlines()[-1] == "two-1 2 3 tree"
+    refused = subprocess.run(command[:3] + ["one:GEMMBN_X=1", "one:GEMMBN_X=2", "1", "--", "x.py"],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert refused.returncode == 2 and "two sides named one" in refused.stderr
