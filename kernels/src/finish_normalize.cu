@@ -620,8 +620,8 @@ Status claiming_blocks(int max_blocks, int& blocks) {
 
 // Whether the dataflow walk's blocks claim a normalize item first (finish_dataflow_kernel): GEMMBN_FLOW_ITEMS_FIRST=1,
 // read at each launch; else a statistics job, the walk measured in perf/NOTES.md v33-v34. EXPERIMENT (v35): items first
-// pays only where the GEMM completes column tiles before its last wave (its tile order along M:
-// GEMMBN_TRAIN_TILE_ORDER), and has not run on a GPU yet.
+// pays where the GEMM completes column tiles before its last partial wave (perf/flow_order.py: half of them at
+// 4096x8192->2048 in CUTLASS's order); not yet run on a GPU.
 inline int flow_items_first() {
   const char* set = std::getenv("GEMMBN_FLOW_ITEMS_FIRST");
   return set != nullptr && set[0] == '1';
