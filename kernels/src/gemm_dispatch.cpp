@@ -225,7 +225,7 @@ Status row_workspace(int row, GemmScaleStatsArgs const& args, size_t& bytes) {
 Status resolve_row(GemmScaleStatsArgs const& args, GemmOperands operands, int& row) {
   if (args.config >= config_count(operands)) return Status::invalid("config is not a row of the operands' table");
   if (args.raster > 2) return Status::invalid("raster must be 0 (heuristic), 1 (along M) or 2 (along N)");
-  if (args.swizzle > 0 && (args.swizzle > 8 || (args.swizzle & (args.swizzle - 1)) != 0)) {
+  if (args.swizzle > 0 && !is_swizzle(args.swizzle)) {
     return Status::invalid("swizzle must be 1, 2, 4 or 8");
   }
   const bool statistics = args.partial_mean != nullptr;

@@ -2,6 +2,7 @@
 #include <cstdlib>
 
 #include "gemmbn/api.h"
+#include "gemmbn/configs.h"
 
 namespace gemmbn {
 namespace {
@@ -15,9 +16,7 @@ Status take_tile_order(GemmScaleStatsArgs& gemm) {
   if (order == nullptr || *order == '\0' || gemm.raster >= 0 || gemm.swizzle >= 0) return Status::success();
   char* end = nullptr;
   const long swizzle = order[1] == '\0' ? -1 : std::strtol(order + 1, &end, 10);
-  const bool swizzle_ok =
-      end == nullptr || (*end == '\0' && (swizzle == 1 || swizzle == 2 || swizzle == 4 || swizzle == 8));
-  if ((order[0] != 'M' && order[0] != 'N') || !swizzle_ok) {
+  if ((order[0] != 'M' && order[0] != 'N') || (end != nullptr && (*end != '\0' || !is_swizzle(swizzle)))) {
     return Status::invalid("GEMMBN_TRAIN_TILE_ORDER must be M or N, then optionally a swizzle (1, 2, 4 or 8)");
   }
   gemm.raster = order[0] == 'M' ? 1 : 2;

@@ -132,6 +132,8 @@ inline constexpr bool cluster_pads(TileConfig const& c, int M, int N) {
   return grid_tiles(c, M, N, 1) != grid_tiles(unclustered, M, N, 1);
 }
 
+// Whether s is a swizzle the persistent tile scheduler takes (a call's override, a row's).
+inline constexpr bool is_swizzle(long s) { return s == 1 || s == 2 || s == 4 || s == 8; }
 // The swizzle a launch passes (the call's own swizzle overrides it): the largest power of two up to the row's whose
 // tile order pads no tile beyond the cluster's. 256x8192->8192 has 2 M tiles, padded to 4 by the c2x1 rows' swizzle 2
 // (bf16 0.130 vs 0.059 ms at swizzle 1), and 16384x8192->512 bf16's 4 N tiles to 8 by the c1x2 row's swizzle 4
