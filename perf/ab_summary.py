@@ -15,14 +15,13 @@ from __future__ import annotations
 import argparse
 import csv
 import re
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import report  # noqa: E402  (its reader of bench.py's CSVs)
+
 NAME = re.compile(r"bench_(?P<side>.+)_(?P<round>\d+)\.csv$")
-
-
-def read(path: Path) -> list[dict[str, str]]:
-    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
-    return list(csv.DictReader(lines))
 
 
 def main() -> None:
@@ -40,7 +39,7 @@ def main() -> None:
         side = match["side"]
         if side not in sides:
             sides.append(side)
-        rows += [(side, match["round"], row) for row in read(path)]
+        rows += [(side, match["round"], row) for row in report.read(path)[1]]
     best: dict[tuple, dict[str, float]] = {}
     for side, _, row in rows:
         if not row.get("median_ms"):
