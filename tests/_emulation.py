@@ -54,9 +54,9 @@ def kernels_only(kernel: Path) -> str:
     return source[: source.index(DEVICE_CODE_END)] + DEVICE_CODE_END + "}  // namespace gemmbn\n"
 
 
-def build_and_run(tmp_path: Path, driver: str, sources: dict[str, str], expected_cases: int) -> str:
-    """Write ``sources`` (file name -> text) into tmp_path, build tests/emulation/<driver> against them, run it;
-    fail with the out-of-bounds lines unless it exits 0 having checked ``expected_cases`` cases. Returns its output."""
+def build(tmp_path: Path, driver: str, sources: dict[str, str]) -> Path:
+    """Write ``sources`` (file name -> text) into tmp_path and build tests/emulation/<driver> against them; the binary.
+    Skips where g++ or the CUDA toolkit's headers are missing."""
     cuda, compiler = cuda_home(), shutil.which("g++")
     if cuda is None or compiler is None:
         pytest.skip("needs g++ and the CUDA toolkit's headers (the extension's build needs both too)")
@@ -64,11 +64,17 @@ def build_and_run(tmp_path: Path, driver: str, sources: dict[str, str], expected
         (tmp_path / name).write_text(text)
     binary = tmp_path / Path(driver).stem
     library = next((d for d in (cuda / "lib64", cuda / "lib") if (d / "libcudart.so").exists()), cuda / "lib64")
-    build = [compiler, "-std=c++20", "-O2", "-pthread", f"-I{tmp_path}", f"-I{ROOT / 'kernels' / 'include'}",
-             f"-I{ROOT / 'kernels' / 'src'}", f"-I{cuda / 'include'}", str(EMULATION / driver), "-o", str(binary),
-             f"-L{library}", "-lcudart", f"-Wl,-rpath,{library}"]  # fmt: skip
-    built = subprocess.run(build, capture_output=True, text=True)
+    command = [compiler, "-std=c++20", "-O2", "-pthread", f"-I{tmp_path}", f"-I{ROOT / 'kernels' / 'include'}",
+               f"-I{ROOT / 'kernels' / 'src'}", f"-I{cuda / 'include'}", str(EMULATION / driver), "-o", str(binary),
+               f"-L{library}", "-lcudart", f"-Wl,-rpath,{library}"]  # fmt: skip
+    built = subprocess.run(command, capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-4000:]
+    return binary
+
+
+def run_cases(binary: Path, expected_cases: int) -> str:
+    """Run a built driver; fail with the out-of-bounds lines unless it exits 0 having checked ``expected_cases`` cases.
+    Returns its output."""
     ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600)
     print(ran.stdout)
     assert ran.returncode == 0, "cases out of bounds:\n" + "\n".join(
@@ -77,3 +83,8 @@ def build_and_run(tmp_path: Path, driver: str, sources: dict[str, str], expected
     checked = sum(line.startswith("ok ") for line in ran.stdout.splitlines())
     assert checked == expected_cases, f"{checked} cases checked, {expected_cases} expected: every case must have run"
     return ran.stdout
+
+
+def build_and_run(tmp_path: Path, driver: str, sources: dict[str, str], expected_cases: int) -> str:
+    """build, then run_cases."""
+    return run_cases(build(tmp_path, driver, sources), expected_cases)

@@ -6,16 +6,35 @@ partials given (the GEMM epilogue's), made by the kernel's own pass over y (whos
 by the product variant's (y = (v + b) s formed from cuBLAS's x W^T, the kept y written back), with phase 2's
 items claimed from a counter instead of walked statically, and through the dataflow walk while a thread plays the
 GEMM counting its stored tiles (jobs first, the tiles along N; items first, the tiles along M, where an item must stream
-before the GEMM's last column tile); and fold_eval_affine;
-the bounds and their reasons are in that file.
+before the GEMM's last column tile), as one block and as three at once (a process each); and fold_eval_affine;
+the bounds and their reasons are in that file. The same binary then runs the walk beside a GEMM that never stores one
+tile: the walk must give up (the GPU traps) rather than wait forever.
 """
 
-from _emulation import ROOT, build_and_run, cooperative_source, kernels_only
+import subprocess
+
+import pytest
+from _emulation import ROOT, build, cooperative_source, kernels_only, run_cases
+
+FLOW_GAVE_UP_EXIT = 86  # tile_flow.h kFlowGaveUpExit: the emulated walk's exit where the GPU's traps
 
 
-def test_finish_normalize_on_the_cpu(tmp_path):
+@pytest.fixture(scope="module")
+def finish_driver(tmp_path_factory):
     sources = {
         "finish_normalize_source.cpp": cooperative_source(ROOT / "kernels" / "src" / "finish_normalize.cu"),
         "fold_eval_affine_source.cpp": kernels_only(ROOT / "kernels" / "src" / "fold_eval_affine.cu"),
     }
-    build_and_run(tmp_path, "finish_normalize_emulated.cpp", sources, expected_cases=3 + 6 * 7 * 3)  # fold x 3 dtypes; 6 cases x 7 sources x 3 dtypes
+    return build(tmp_path_factory.mktemp("finish"), "finish_normalize_emulated.cpp", sources)
+
+
+def test_finish_normalize_on_the_cpu(finish_driver):
+    run_cases(finish_driver, expected_cases=3 + 6 * 9 * 3)  # fold x 3 dtypes; 6 cases x 9 sources x 3 dtypes
+
+
+@pytest.mark.parametrize("first", ["jobs", "items"])
+def test_dataflow_walk_gives_up_on_a_tile_never_stored(finish_driver, first):
+    # The driver's walk waits 0.2 s at most for the missing tile; 60 s covers a loaded CI machine, far from a hang.
+    ran = subprocess.run([str(finish_driver), "gives-up", first], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == FLOW_GAVE_UP_EXIT, (ran.returncode, ran.stdout[-2000:], ran.stderr[-2000:])
+    assert "waited past its limit" in ran.stdout and "GEMMBN_FINISH_DATAFLOW=0" in ran.stdout, ran.stdout[-2000:]

@@ -490,6 +490,12 @@ def test_train_forward_refuses_before_launching(monkeypatch):
         monkeypatch.setenv("GEMMBN_TRAIN_TILE_ORDER", order)
         with pytest.raises(RuntimeError, match="GEMMBN_TRAIN_TILE_ORDER must be M or N"):
             operators().train_forward(*good.values())
+    monkeypatch.delenv("GEMMBN_TRAIN_TILE_ORDER")
+    monkeypatch.setenv("GEMMBN_FINISH_DATAFLOW", "1")  # the walk, whose wait limit is read before anything launches
+    for limit in ("-1", "x", "5s", "2e6"):
+        monkeypatch.setenv("GEMMBN_FLOW_TIMEOUT_S", limit)
+        with pytest.raises(RuntimeError, match="GEMMBN_FLOW_TIMEOUT_S must be a number of seconds"):
+            operators().train_forward(*good.values())
     torch.cuda.synchronize()
     assert counter.item() == 4
     assert torch.equal(running_mean, rm0) and torch.equal(running_var, rv0)

@@ -103,6 +103,7 @@ struct FinishParams {
   int* flow = nullptr;
   int column_tiles = 0, tile_columns = 0;
   int items_first = 0;  // a block's first claim: 0 a statistics job, 1 a normalize item (finish_dataflow_kernel)
+  uint64_t flow_limit_ns = 0;  // how long one of its waits lasts before the launch gives up (0: no limit)
 };
 
 // y = (v + b) s rounded to T (fp32 arithmetic, as the GEMM epilogue's): what the product variant reads for a stored v.
@@ -460,9 +461,9 @@ __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<
       if (flow_load_acquire(job_claims) < jobs) {
         const int j = atomicAdd(job_claims, 1);
         if (j < jobs) {
-          flow_wait_at_least(tiles_done + j / groups_per_tile, tile_count);
+          flow_wait_at_least(tiles_done + j / groups_per_tile, tile_count, p.flow_limit_ns);
           // momentum=None reads batches_tracked, which the GEMM's tile (0, 0) counts: wait for column tile 0 too.
-          if (p.cumulative && p.running_mean != nullptr) flow_wait_at_least(tiles_done, tile_count);
+          if (p.cumulative && p.running_mean != nullptr) flow_wait_at_least(tiles_done, tile_count, p.flow_limit_ns);
           flow_fence();
           step[1] = j;
           return kJob;
@@ -473,7 +474,7 @@ __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<
         continue;
       }
       if (held >= p.items) return kDone;
-      held_stripe = flow_wait_at_least(stripe_queue + held / passes, 1) - 1;  // every job is held: it comes
+      held_stripe = flow_wait_at_least(stripe_queue + held / passes, 1, p.flow_limit_ns) - 1;  // every job is held
     }
     flow_fence();
     step[1] = held, step[2] = held_stripe;
@@ -516,7 +517,7 @@ __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<
       __syncthreads();
       if (step[0]) {  // every slot is taken: wait for the entries themselves, then keep them
         for (int i = threadIdx.x; i < p.stripes; i += kThreads) {
-          stripe_of[i] = flow_wait_at_least(stripe_queue + i, 1) - 1;
+          stripe_of[i] = flow_wait_at_least(stripe_queue + i, 1, p.flow_limit_ns) - 1;
         }
         flow_fence();
         __syncthreads();
@@ -525,6 +526,30 @@ __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<
       __syncthreads();
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// How long one wait of the dataflow walk lasts before the launch gives up and fails (tile_flow.h flow_gave_up):
+// GEMMBN_FLOW_TIMEOUT_S seconds (0: no limit, for a debugger stopped inside the GEMM), read at each launch; else 20 s.
+// A wait lasts as long as the GEMM has left to run (milliseconds; seconds under compute-sanitizer), so only a GEMM
+// that never stores a tile the walk counts on reaches the limit, and the caller gets an error, not a hung process.
+constexpr double kFlowTimeoutSeconds = 20;
+Status flow_limit_ns(uint64_t& ns) {
+  const char* set = std::getenv("GEMMBN_FLOW_TIMEOUT_S");
+  if (set == nullptr || *set == '\0') {
+    ns = static_cast<uint64_t>(kFlowTimeoutSeconds * 1e9);
+    return Status::success();
+  }
+  char* end = nullptr;
+  const double seconds = std::strtod(set, &end);
+  if (*end != '\0' || !(seconds >= 0 && seconds <= 1e6)) {
+    return Status::invalid("GEMMBN_FLOW_TIMEOUT_S must be a number of seconds from 0 (no limit) to 1e6");
+  }
+  ns = static_cast<uint64_t>(seconds * 1e9);
+  return Status::success();
 }
 
 }  // namespace
@@ -551,6 +576,8 @@ Status finish_normalize_check(const FinishNormalizeArgs& a) {
     if (!fits_dataflow(a.dtype, a.M, a.N)) {
       return Status::invalid("N (at most 1024 column stripes) or M x N is too large for the dataflow walk");
     }
+    uint64_t limit_ns = 0;
+    if (Status s = flow_limit_ns(limit_ns); !s) return s;
   }
   if (ranks && (a.ranks < 1 || a.partials_from_y)) {
     return Status::invalid("rank_moments needs ranks >= 1 and takes the partials' place (no partials_from_y)");
@@ -648,6 +675,7 @@ Status launch_dataflow(const FinishNormalizeArgs& a, cudaStream_t stream) {
   p.column_tiles = (a.N + a.tile_columns - 1) / a.tile_columns;
   p.tile_columns = a.tile_columns;
   p.items_first = flow_items_first();
+  if (Status s = flow_limit_ns(p.flow_limit_ns); !s) return s;
   return Status::from_cuda(launch_programmatic(&finish_dataflow_kernel<T>, blocks, kThreads, p, stream),
                            "launching finish_normalize (dataflow)");
 }

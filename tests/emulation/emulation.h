@@ -1,5 +1,7 @@
 // Runs a CUDA kernel's device code on the CPU as one thread block: the block's threads are std::threads,
-// __syncthreads is a std::barrier and a cooperative grid's sync is the block's (a grid of one block).
+// __syncthreads is a std::barrier and a cooperative grid's sync is the block's (a grid of one block). A kernel whose
+// blocks meet only through atomics and flags in global memory (no grid barrier) may also run as a grid of blocks at once,
+// a process each (run_grid_of_processes), over memory shared before the fork (SharedBuffers).
 // For kernels whose loops are uniform across the block (every thread reaches every barrier, and every warp
 // shuffle: a shuffle is an exchange between two barriers here); atomics are std::atomic_ref's. tests/test_finish_emulated.py runs finish_normalize's and fold_eval_affine's this
 // way, so CI, which has no GPU, still executes their indexing and arithmetic. Kernels without barriers may
@@ -8,6 +10,9 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +20,9 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -22,6 +30,7 @@
 #undef __device__
 #undef __host__
 #undef __forceinline__
+#undef __noinline__
 #undef __launch_bounds__
 #undef __shared__
 #undef __align__
@@ -29,6 +38,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__
 #define __launch_bounds__(...)
 #define __shared__ static  // one block runs at a time, so a static is that block's shared memory
 #define __align__(n) __attribute__((aligned(n)))
@@ -64,6 +74,70 @@ template <class Body>
 void run_block(int threads, Body body, unsigned block = 0) {
   run_block(Index{static_cast<unsigned>(threads), 1, 1}, Index{block, 0, 0}, body);
 }
+
+// Runs body() as `blocks` blocks of `threads` threads at once, each block a process of its own (fork) with its own
+// shared memory (the statics __shared__ becomes), gridDim.x = blocks; beside() runs in this process meanwhile (start
+// no thread before: fork copies only the calling one). The blocks see each other's writes only in memory shared before
+// the fork (SharedBuffers). True when every block's process exited with status 0.
+template <class Body, class Beside>
+bool run_grid_of_processes(int threads, int blocks, Body body, Beside beside) {
+  std::fflush(stdout);
+  std::vector<pid_t> children;
+  for (int b = 0; b < blocks; ++b) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      grid_size = {static_cast<unsigned>(blocks), 1, 1};
+      run_block(threads, body, static_cast<unsigned>(b));
+      std::fflush(stdout);
+      std::_Exit(0);
+    }
+    if (pid > 0) children.push_back(pid);
+  }
+  beside();
+  bool ok = static_cast<int>(children.size()) == blocks;
+  for (const pid_t pid : children) {
+    int status = 0;
+    ok &= waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
+// The buffers a grid of processes writes, moved for one run into an anonymous shared mapping: share() copies a buffer
+// in and points its pointer there; copy_back() copies every one back to where it came from.
+class SharedBuffers {
+ public:
+  explicit SharedBuffers(size_t bytes)
+      : size_(bytes), base_(static_cast<char*>(mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0))) {
+    if (base_ == MAP_FAILED) std::abort();
+  }
+  ~SharedBuffers() { munmap(base_, size_); }
+  SharedBuffers(const SharedBuffers&) = delete;
+  SharedBuffers& operator=(const SharedBuffers&) = delete;
+  template <class U>
+  void share(U*& pointer, size_t count) {
+    if (pointer == nullptr) return;
+    const size_t bytes = count * sizeof(U);
+    if (used_ + bytes > size_) std::abort();
+    char* at = base_ + used_;
+    used_ += (bytes + 63) / 64 * 64;
+    std::memcpy(at, pointer, bytes);
+    copies_.push_back({pointer, at, bytes});
+    pointer = reinterpret_cast<U*>(at);
+  }
+  void copy_back() const {
+    for (const Copy& c : copies_) std::memcpy(c.original, c.shared, c.bytes);
+  }
+
+ private:
+  struct Copy {
+    void* original;
+    const char* shared;
+    size_t bytes;
+  };
+  size_t size_, used_ = 0;
+  char* base_;
+  std::vector<Copy> copies_;
+};
 }  // namespace emulation
 
 #define threadIdx emulation::thread_index

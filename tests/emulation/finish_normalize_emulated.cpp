@@ -42,21 +42,25 @@ struct Worst {
 // or the epilogue's with phase 2's items (a pass of rows each) claimed from a counter (poisoned: the launch zeroes it),
 // or the epilogue's through the dataflow walk (finish_dataflow_kernel) while a thread plays the GEMM (count_tiles):
 // jobs first with the GEMM's tiles stored along N (every column tile complete only with the last row band), or items
-// first with them stored along M (column tile by column tile).
-enum Source { kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow, kItemsFirst };
+// first with them stored along M (column tile by column tile); each as one block, and as kGridBlocks blocks at once (a
+// process each), whose claims, stripe counts and waits then meet across blocks as on the GPU.
+enum Source { kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid };
+constexpr Source kSources[] = {kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid};
+constexpr int kGridBlocks = 3;
 const char* source_name(Source s) {
   return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : s == kProduct ? "product"
-         : s == kClaims ? "claims" : s == kDataflow ? "dataflow" : "items 1st";
+         : s == kClaims ? "claims" : s == kDataflow ? "dataflow" : s == kItemsFirst ? "items 1st"
+         : s == kDataflowGrid ? "flow x3" : "items x3";
 }
 
 // The GEMM's side of the dataflow walk, run on its own thread beside the finish's block: batches_tracked counted
 // first (tile (0, 0)'s epilogue), then each of tiles_m x column_tiles tiles counted for its column tile, TileFlow::kLanes
 // times with release order as the GEMM's lanes do, row band by row band (along_m false) or column tile by column tile.
 // Along M, where the first stripe needs no column of the last column tile, the last column tile is held back until the
-// finish has claimed a second item (it streamed one while the GEMM ran), for at most 20 s; `streamed_early` says
-// whether it did.
+// finish has made `streaming_claims` item claims (blocks + 1: a block claims its next item as it starts streaming one),
+// for at most 20 s; `streamed_early` says whether it did.
 void count_tiles(int* flow, int64_t* batches_tracked, int tiles_m, int column_tiles, bool along_m, bool hold_last,
-                 bool& streamed_early) {
+                 int streaming_claims, bool& streamed_early) {
   *batches_tracked += 1;
   auto count = [&](int column_tile) {
     for (int lane = 0; lane < TileFlow::kLanes; ++lane) flow_add_release(TileFlow::tiles_done(flow) + column_tile, 1);
@@ -64,10 +68,11 @@ void count_tiles(int* flow, int64_t* batches_tracked, int tiles_m, int column_ti
   for (int outer = 0; outer < (along_m ? column_tiles : tiles_m); ++outer) {
     if (along_m && hold_last && outer == column_tiles - 1) {
       const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      while (flow_load_acquire(flow + TileFlow::kItemClaims) < 2 && std::chrono::steady_clock::now() < give_up) {
+      while (flow_load_acquire(flow + TileFlow::kItemClaims) < streaming_claims &&
+             std::chrono::steady_clock::now() < give_up) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
-      streamed_early = flow_load_acquire(flow + TileFlow::kItemClaims) >= 2;
+      streamed_early = flow_load_acquire(flow + TileFlow::kItemClaims) >= streaming_claims;
     }
     for (int inner = 0; inner < (along_m ? tiles_m : column_tiles); ++inner) count(along_m ? outer : inner);
     std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -240,32 +245,51 @@ Worst run_case(const Case& c, Source source) {
     p.rows_per_chunk = pass_rows, p.items = int(work.stripes * ((M + pass_rows - 1) / pass_rows)), p.claim_counter = &counter;
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
     claims_counted = counter == p.items + 1;  // one claim per item, and the one that found none
-  } else if (source == kDataflow || source == kItemsFirst) {
+  } else if (source == kDataflow || source == kItemsFirst || source == kDataflowGrid || source == kItemsFirstGrid) {
+    const int blocks = source == kDataflowGrid || source == kItemsFirstGrid ? kGridBlocks : 1;
     const int64_t pass_rows = kRowsPerPass * kUnroll;
     const int tile_columns = c.tile_rows == 64 ? 64 : 128, column_tiles = (N + tile_columns - 1) / tile_columns;
     p.rows_per_chunk = pass_rows, p.items = int(work.stripes * ((M + pass_rows - 1) / pass_rows));
     std::vector<int> flow(TileFlow::ints(column_tiles, work.stripes), 0);
     p.flow = flow.data(), p.column_tiles = column_tiles, p.tile_columns = tile_columns;
-    p.items_first = source == kItemsFirst;
+    p.items_first = source == kItemsFirst || source == kItemsFirstGrid;
+    p.flow_limit_ns = uint64_t(60e9);  // a walk that never ends fails the case (kFlowGaveUpExit), not the test's timeout
     batches_tracked = 4;  // the GEMM counts the batch
     const int stripe_columns = kLanesPerRow * Vector16<T>::kSize;
     const bool hold_last = p.items_first && stripe_columns <= (column_tiles - 1) * tile_columns;
-    bool streamed_early = true;
-    std::thread gemm(count_tiles, flow.data(), &batches_tracked, tiles, column_tiles, p.items_first, hold_last,
-                     std::ref(streamed_early));
-    emulation::run_block(kThreads, [&p] { finish_dataflow_kernel<T>(p); });
-    gemm.join();
-    // Every job and every item claimed once (plus each walk's last item claim, which found none), every stripe queued
-    // once, and items first: an item streamed before the GEMM's last column tile where the first stripe allows it.
+    bool streamed_early = true, blocks_ended = true;
+    if (blocks == 1) {
+      std::thread gemm(count_tiles, flow.data(), &batches_tracked, tiles, column_tiles, p.items_first, hold_last,
+                       blocks + 1, std::ref(streamed_early));
+      emulation::run_block(kThreads, [&p] { finish_dataflow_kernel<T>(p); });
+      gemm.join();
+    } else {  // what the blocks write, in memory every block's process shares; the GEMM plays in this one
+      emulation::SharedBuffers shared(size_t(M) * N * sizeof(T) + size_t(N) * (2 * sizeof(T) + 4 * sizeof(float)) +
+                                      flow.size() * sizeof(int) + 4096);
+      FinishParams<T> q = p;
+      int64_t* counted = &batches_tracked;
+      shared.share(q.out, size_t(M) * N), shared.share(q.running_mean, N), shared.share(q.running_var, N);
+      shared.share(q.save_mean, N), shared.share(q.save_invstd, N), shared.share(q.alpha, N), shared.share(q.delta, N);
+      shared.share(q.flow, flow.size()), shared.share(counted, 1);
+      q.batches_tracked = counted;
+      blocks_ended = emulation::run_grid_of_processes(kThreads, blocks, [&q] { finish_dataflow_kernel<T>(q); }, [&] {
+        count_tiles(q.flow, counted, tiles, column_tiles, q.items_first, hold_last, blocks + 1, streamed_early);
+      });
+      shared.copy_back();
+    }
+    // Every job and every item claimed once (plus each block's last item claim, which found none; jobs: a block may
+    // claim past the last one when blocks race for it), every stripe queued once, every block ended without giving up,
+    // and items first: an item streamed before the GEMM's last column tile where the first stripe allows it.
     const int jobs = column_tiles * (tile_columns / p.merge_columns);
     std::vector<int> queued(work.stripes, 0);
     for (int i = 0; i < work.stripes; ++i) {
       const int entry = TileFlow::stripe_queue(p.flow, column_tiles, work.stripes)[i];
       if (entry >= 1 && entry <= work.stripes) ++queued[entry - 1];
     }
-    claims_counted = flow[TileFlow::kJobClaims] == jobs && flow[TileFlow::kItemClaims] == p.items + 1 &&
-                     flow[TileFlow::kStripesQueued] == work.stripes &&
-                     std::all_of(queued.begin(), queued.end(), [](int q) { return q == 1; }) && streamed_early;
+    claims_counted = flow[TileFlow::kJobClaims] >= jobs && flow[TileFlow::kJobClaims] < jobs + blocks &&
+                     flow[TileFlow::kItemClaims] == p.items + blocks && flow[TileFlow::kStripesQueued] == work.stripes &&
+                     std::all_of(queued.begin(), queued.end(), [](int q) { return q == 1; }) && streamed_early &&
+                     blocks_ended;
   } else {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
   }
@@ -353,9 +377,42 @@ bool check_fold(const char* dtype) {
   return worst <= 1;
 }
 
+// The dataflow walk beside a GEMM that stored every tile but one (the last row tile of column tile 1 of 2): the walk
+// merges and streams what is stored, then a wait for the missing tile outlasts flow_limit_ns (0.2 s) and the walk
+// gives up: it prints why and ends the process with kFlowGaveUpExit (the GPU traps) instead of waiting forever.
+// Returns only if the walk ended some other way, which fails the test.
+int walk_beside_a_missing_tile(bool items_first) {
+  constexpr int64_t M = 512;
+  constexpr int N = 256, tile_rows = 64, tile_columns = 128, column_tiles = N / tile_columns, tiles = M / tile_rows;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<double> normal;
+  std::vector<float> y(M * N), out(M * N, NAN), gamma(N, 1.f), beta(N, 0.f), running_mean(N, 0.f), running_var(N, 1.f);
+  for (float& v : y) v = float(normal(rng));
+  std::vector<float> partial_mean(int64_t(tiles) * N, 0.f), partial_m2(int64_t(tiles) * N, float(tile_rows - 1));
+  std::vector<float> save_mean(N, NAN), save_invstd(N, NAN), factors(2 * N, NAN);
+  int64_t batches_tracked = 5;
+  const WorkItems work = work_items(M, N, kLanesPerRow * Vector16<float>::kSize, 264, kRowsPerPass * kUnroll);
+  FinishParams<float> p{y.data(), out.data(), M, N, partial_mean.data(), partial_m2.data(), tiles, tile_rows,
+                        gamma.data(), beta.data(), running_mean.data(), running_var.data(), &batches_tracked, false,
+                        0.1, 1e-5, save_mean.data(), save_invstd.data(), merge_columns_for(N), work.stripes,
+                        kRowsPerPass * kUnroll, int(work.stripes * ((M + kRowsPerPass * kUnroll - 1) / (kRowsPerPass * kUnroll)))};
+  p.alpha = factors.data(), p.delta = factors.data() + N;
+  std::vector<int> flow(TileFlow::ints(column_tiles, work.stripes), 0);
+  TileFlow::tiles_done(flow.data())[0] = TileFlow::kLanes * tiles;
+  TileFlow::tiles_done(flow.data())[1] = TileFlow::kLanes * (tiles - 1);
+  p.flow = flow.data(), p.column_tiles = column_tiles, p.tile_columns = tile_columns;
+  p.items_first = items_first;
+  p.flow_limit_ns = 200000000;
+  emulation::run_block(kThreads, [&p] { finish_dataflow_kernel<float>(p); });
+  std::printf("FAIL the walk %s ended without the GEMM's last tile\n", items_first ? "(items first)" : "(jobs first)");
+  return 1;
+}
+
 }  // namespace
 
-int main() {
+// No argument: every case against float64. "gives-up jobs|items": walk_beside_a_missing_tile, jobs or items first.
+int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "gives-up") == 0) return walk_beside_a_missing_tile(argv[2][0] == 'i');
   const Case cases[] = {
       {"1000x264, 64-row tiles", 1000, 264, 50, 0, 64, 264, false},
       {"4096x520, first rows +1e3", 4096, 520, 50, 1e3, 128, 264, true},
@@ -366,7 +423,7 @@ int main() {
   };
   bool ok = check_fold<float>("float32") & check_fold<__nv_bfloat16>("bfloat16") & check_fold<__half>("float16");
   for (const Case& c : cases) {
-    for (Source source : {kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow, kItemsFirst}) {
+    for (Source source : kSources) {
       ok &= check<float>("float32", c, source);
       ok &= check<__nv_bfloat16>("bfloat16", c, source);
       ok &= check<__half>("float16", c, source);

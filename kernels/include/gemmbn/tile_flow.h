@@ -14,9 +14,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
 
 #if !defined(__CUDA_ARCH__)
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #endif
 
 namespace gemmbn {
@@ -64,10 +68,45 @@ __host__ __device__ inline void flow_fence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
 }
-// Waits (one thread) until *p is at least `least` and returns it, acquired.
-__host__ __device__ inline int flow_wait_at_least(const int* p, int least) {
-  int v;
+// A clock in nanoseconds for the walk's waits: the GPU's global timer; on the host the steady clock.
+__host__ __device__ inline uint64_t flow_clock_ns() {
+#if defined(__CUDA_ARCH__)
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#else
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+#endif
+}
+
+// The exit status of the CPU emulation when a wait gives up (tests/test_finish_emulated.py expects it).
+constexpr int kFlowGaveUpExit = 86;
+
+// A wait that outlasted its limit: the GEMM never stored what the walk waits for (a bug, or a GEMM that failed). The
+// launch says so and traps, which fails it (and the context) with an error the caller sees, rather than hang the
+// process. Out of line, and printf without arguments: the waits keep no stack frame.
+__host__ __device__ __noinline__ inline void flow_gave_up() {
+  printf("gemmbn: the finish's dataflow walk waited past its limit (GEMMBN_FLOW_TIMEOUT_S, default 20 s; 0: none) for "
+         "a tile the GEMM never counted, and fails the launch rather than hang. GEMMBN_FINISH_DATAFLOW=0 takes the "
+         "barrier walk.\n");
+#if defined(__CUDA_ARCH__)
+  __trap();
+#else
+  std::fflush(stdout);
+  std::_Exit(kFlowGaveUpExit);
+#endif
+}
+
+// Waits (one thread) until *p is at least `least` and returns it, acquired; gives up (flow_gave_up) after limit_ns
+// nanoseconds of waiting (0: never). The clock is read only once the first look finds the count short.
+__host__ __device__ inline int flow_wait_at_least(const int* p, int least, uint64_t limit_ns) {
+  int v = flow_load_acquire(p);
+  if (v >= least) return v;
+  const uint64_t start = flow_clock_ns();
   while ((v = flow_load_acquire(p)) < least) {
+    if (limit_ns != 0 && flow_clock_ns() - start > limit_ns) flow_gave_up();
 #if defined(__CUDA_ARCH__)
     __nanosleep(256);
 #endif
