@@ -456,17 +456,19 @@ def test_cuda_graph_replay_matches_eager(name, shape):
 # The dataflow walk captured (train_forward lifted its capture exclusion after this test ran, perf/NOTES.md v34): the
 # counters' memset is a node of the graph and the finish's programmatic launch an edge. At the benchmark shape (a last
 # partial wave; momentum=None: the finish waits for the GEMM's count of the batch) and on the stream-K row (its flags'
-# memset beside the counters').
+# memset beside the counters'), and with items first (GEMMBN_FLOW_ITEMS_FIRST, read at the launch: the capture keeps it).
 @pytest.mark.parametrize(
-    ("dtype", "precision", "shape"),
+    ("dtype", "precision", "shape", "items_first"),
     [
-        pytest.param(torch.bfloat16, "highest", BENCHMARK, id="bf16-16384x4096x4096"),
-        pytest.param(torch.float32, "high", STREAM_K, id="fp32-high-stream-k-384x8192x4096"),
+        pytest.param(torch.bfloat16, "highest", BENCHMARK, "0", id="bf16-16384x4096x4096"),
+        pytest.param(torch.bfloat16, "highest", BENCHMARK, "1", id="bf16-items-first-16384x4096x4096"),
+        pytest.param(torch.float32, "high", STREAM_K, "0", id="fp32-high-stream-k-384x8192x4096"),
     ],
 )
-def test_cuda_graph_replay_of_the_dataflow_walk(dtype, precision, shape, monkeypatch):
+def test_cuda_graph_replay_of_the_dataflow_walk(dtype, precision, shape, items_first, monkeypatch):
     """Captured training forwards through the dataflow walk replay bitwise like eager ones through the barrier walk."""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")  # the walk takes the GEMM's partials
+    monkeypatch.setenv("GEMMBN_FLOW_ITEMS_FIRST", items_first)
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=None)
