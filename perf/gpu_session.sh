@@ -45,6 +45,10 @@
 #                     first, items first with the tiles along M; perf/ab.sh over perf/bench.py, three rounds, then
 #                     perf/ab_summary.py's table (flow-ab.md, flow-ab.csv) and perf/anatomy.py with items first at
 #                     4096x8192->2048 bf16; other sizes by GEMMBN_FLOW_SIZES="M K N;..."
+#   flow-cost         what the walk costs the GEMM (perf/NOTES.md v34, v36): perf/anatomy.py's kernel times with the
+#                     barrier walk, the barrier walk beside a GEMM that counts its tiles (GEMMBN_FLOW_COUNT_ONLY=1), the
+#                     walk and the walk with items first, at 1024x4096->4096, 4096x8192->2048 and 16384x4096->4096 bf16
+#                     (flow-cost.txt); other cases by GEMMBN_FLOW_COST_CASES="M K N dtype;..."
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
@@ -246,6 +250,18 @@ for name in $steps; do
         --note "perf/gpu_session.sh flow-ab at $GEMMBN_COMMIT: ${sides[*]}" | tee "$out/flow-ab.md"
       GEMMBN_FINISH_DATAFLOW=1 GEMMBN_FLOW_ITEMS_FIRST=1 timeout $(limit 60) python3 perf/anatomy.py \
         --size 4096 8192 2048 --dtype bfloat16 --providers gemmbn 2>&1 | tee "$out/flow-anatomy.txt" | tail -20 ;;
+    flow-cost)
+      IFS=';' read -r -a cases <<< "${GEMMBN_FLOW_COST_CASES:-1024 4096 4096 bfloat16;4096 8192 2048 bfloat16;16384 4096 4096 bfloat16}"
+      variants=("GEMMBN_FINISH_DATAFLOW=0" "GEMMBN_FINISH_DATAFLOW=1 GEMMBN_FLOW_COUNT_ONLY=1" "GEMMBN_FINISH_DATAFLOW=1"
+                "GEMMBN_FINISH_DATAFLOW=1 GEMMBN_FLOW_ITEMS_FIRST=1")
+      for case in "${cases[@]}"; do
+        read -r M K N dtype <<< "$case"
+        for variant in "${variants[@]}"; do
+          echo "== $M $K $N $dtype: $variant"
+          env $variant timeout $(limit 60) python3 perf/anatomy.py --size "$M" "$K" "$N" --dtype "$dtype" \
+            --providers gemmbn --iters 20 2>&1 | tail -8
+        done
+      done 2>&1 | tee "$out/flow-cost.txt" | grep -E "^==|span|gemm|finish" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do

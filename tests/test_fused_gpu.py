@@ -260,11 +260,12 @@ DATAFLOW_CASES = [
 # barrier walk, the dataflow walk with jobs first and with items first, and the tile order along M (the experiment of
 # perf/NOTES.md v35) under the barrier walk and under the walk with items first.
 DATAFLOW_WALKS = {
-    "barrier": ("0", "0", ""),
-    "walk": ("1", "0", ""),
-    "walk, items first": ("1", "1", ""),
-    "barrier, along M": ("0", "0", "M1"),
-    "walk, items first, along M": ("1", "1", "M1"),
+    "barrier": ("0", "0", "", "0"),
+    "walk": ("1", "0", "", "0"),
+    "walk, items first": ("1", "1", "", "0"),
+    "barrier, along M": ("0", "0", "M1", "0"),
+    "walk, items first, along M": ("1", "1", "M1", "0"),
+    "barrier, the GEMM counting": ("1", "0", "", "1"),  # the diagnostic GEMMBN_FLOW_COUNT_ONLY (train_forward.cpp)
 }
 
 
@@ -272,7 +273,8 @@ DATAFLOW_WALKS = {
 def test_dataflow_finish_matches_the_barrier_walk(dtype, precision, shape, momentum, monkeypatch):
     """The dataflow walk runs the barrier walk's arithmetic per element: the same bits in the output, the running
     statistics and the count, over two steps (the counters are zeroed on the stream before each GEMM), with either
-    first claim and either tile order; the output and running statistics against float64."""
+    first claim and either tile order, and the barrier walk beside a GEMM that counts its tiles; the output and running
+    statistics against float64."""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")  # the walk takes the GEMM's partials
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
     M, K, N = shape
@@ -282,8 +284,8 @@ def test_dataflow_finish_matches_the_barrier_walk(dtype, precision, shape, momen
     models = {walk: copy.deepcopy(model) for walk in DATAFLOW_WALKS}
     outs = {}
     for walk, m in models.items():
-        for name, value in zip(("GEMMBN_FINISH_DATAFLOW", "GEMMBN_FLOW_ITEMS_FIRST", "GEMMBN_TRAIN_TILE_ORDER"),
-                               DATAFLOW_WALKS[walk]):  # fmt: skip
+        for name, value in zip(("GEMMBN_FINISH_DATAFLOW", "GEMMBN_FLOW_ITEMS_FIRST", "GEMMBN_TRAIN_TILE_ORDER",
+                                "GEMMBN_FLOW_COUNT_ONLY"), DATAFLOW_WALKS[walk]):  # fmt: skip
             monkeypatch.setenv(name, value)
         with fused_path(), torch.no_grad():
             outs[walk] = [m(x).clone() for x in xs]

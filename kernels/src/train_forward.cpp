@@ -24,11 +24,21 @@ Status take_tile_order(GemmScaleStatsArgs& gemm) {
   return Status::success();
 }
 
+// DIAGNOSTIC (perf/NOTES.md v36): GEMMBN_FLOW_COUNT_ONLY=1, read per call, has the GEMM count its stored tiles as for
+// the dataflow walk (each tile's wait for its stores to be written, then its count) while the finish runs the barrier
+// walk: the GEMM's time under the walk split into what counting costs it and what the finish running beside it costs.
+// Results are the barrier walk's.
+bool flow_count_only() {
+  const char* set = std::getenv("GEMMBN_FLOW_COUNT_ONLY");
+  return set != nullptr && set[0] == '1';
+}
+
 }  // namespace
 
 Status train_forward(const GemmScaleStatsArgs& gemm_args, const FinishNormalizeArgs& finish_args, cudaStream_t stream) {
   GemmScaleStatsArgs gemm = gemm_args;
   FinishNormalizeArgs finish = finish_args;
+  size_t flow_bytes = 0;  // the dataflow walk's counters, zeroed before the GEMM counts into them
   if (gemm.tile_flow) return Status::invalid("tile_flow is train_forward's to set (from the finish's tile_columns)");
   // One problem: the finish must read what the GEMM writes.
   if (finish.y != gemm.y || finish.M != gemm.M || finish.N != gemm.N || finish.dtype != gemm.dtype) {
@@ -64,13 +74,15 @@ Status train_forward(const GemmScaleStatsArgs& gemm_args, const FinishNormalizeA
     if (finish.tile_columns != 0) {
       if (finish.tile_columns != row[1]) return Status::invalid("tile_columns must be the GEMM row's tile_n");
       gemm.tile_flow = finish_tile_flow(finish.workspace, finish.N);
+      flow_bytes = finish_tile_flow_bytes(finish);
+      if (flow_count_only()) finish.tile_columns = 0;  // the counters are zeroed and counted, and no one reads them
     }
   }
   if (Status s = take_tile_order(gemm); !s) return s;
   // The finish's checks first: gemm_scale_stats checks its own before it launches anything.
   if (Status s = finish_normalize_check(finish); !s) return s;
   if (gemm.tile_flow != nullptr) {
-    if (cudaError_t e = cudaMemsetAsync(gemm.tile_flow, 0, finish_tile_flow_bytes(finish), stream); e != cudaSuccess) {
+    if (cudaError_t e = cudaMemsetAsync(gemm.tile_flow, 0, flow_bytes, stream); e != cudaSuccess) {
       return Status::from_cuda(e, "zeroing the finish's tile flow");
     }
   }
