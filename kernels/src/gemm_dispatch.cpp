@@ -65,28 +65,19 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
                   GEMMBN_SPLIT_ROWS == kSplitConfigCount,
               "CMakeLists.txt compiles a different number of rows than configs.h lists: update GEMMBN_*_ROWS");
 
-// Row by shape from the sweeps in perf/NOTES.md ("The configuration tables' evidence", v19-v21). Small problems
-// first, by their number of 128x128 tiles (a wave is 132 SMs on an H100/H200) and K (a short mainloop leaves each tile's
-// fixed cost exposed): 64x64 tiles up to 32 such tiles, and up to 64 when K <= 1024. Past that, under a wave of
-// tiles with K >= 512: TF32 up to 64 tiles takes its stream-K row with K > 4096 (split-K 2 or 3, v22, v29, v30), and
-// from 49 tiles both tables the 64x128 row on a 2x1 cluster (v30); otherwise the most of one wave: cooperative
-// 128x96 tiles on a 2x1 cluster where they fill more than half a wave without passing it and the cluster pads nothing
-// (both math warpgroups on a tile, where a ping-pong row with one tile per SM leaves one idle: bf16 256x4096->4096
-// 0.033 -> 0.030 ms, 1024x2048->1536 0.037 -> 0.019, 1024x65536->1024 0.529 -> 0.270), else up to 64 tiles the
-// 64x128 row;
-// over 64 tiles, where N is no multiple of 96 and K >= 4096 the partial last column of 128x96 tiles lost (bf16
-// 1536x8192->1024 0.054 vs 0.051), the cooperative 128x128 row where its cluster pads nothing, TF32's stream-K 128x128
-// row where it does and K > 4096 (v20); 64x128 tiles under one wave otherwise in TF32, and up to two waves when
-// K <= 1024; past that with K <= 512 (TF32: up to 16 waves), and in 16-bit with K <= 1024 up to 8 waves, the 64x128
-// tiles too. N <= 1024 with K > 4096 takes row 1 (x read once per 256 columns, v22). Larger problems take the
-// ping-pong 128x128 rows, except at short M: 16-bit data takes the 1x2-cluster row there, TF32 the cooperative 128x256
-// row where the 2x1 cluster would pad a tile (an odd number of 128-row tiles), else row 0 too (no cliff since the
-// launch's swizzle pads no tile: 1536x4096->4096 0.145 vs 0.190 ms, v19).
-// Launches without partials (eval, the training forward with its statistics from y) at K <= 1024 from a wave of tiles
-// up take row 0's tile without the statistics node, and so does TF32 wherever it would take row 0: the node's
-// per-value work, idle as it is there, cost 8-15% in 16-bit and 2-5% in TF32 at K <= 1024 and the 64x128 row 24-34%
-// at 4096x1024->1024 (v23, v24).
-// The split GEMM has one tile shape: fewer tiles than a wave with K past kShortK take its stream-K row.
+// Row by shape. The clauses, in order (the numbers behind each: perf/NOTES.md, "The configuration tables' evidence"):
+// - small problems, counted in 128x128 tiles: 64x64 tiles up to 32 of them, or 64 with K <= 1024;
+// - under a wave with K >= 512: TF32 up to 64 tiles with K > 4096 its stream-K row; 49-64 tiles the 64x128 pair row;
+//   else the most of one wave: cooperative 128x96 c2x1 where it fills over half a wave and pads nothing, the 64x128
+//   row up to 64 tiles, cooperative 128x128 c2x1 where its cluster pads nothing, else TF32's stream-K row past K = 4096;
+// - launches without partials past a wave at K <= 1024, and TF32's wherever it would take row 0: row 0's tile without
+//   the statistics node, whose per-value work costs time even where it is idle;
+// - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
+//   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
+// - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns);
+// - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
+//   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
+// The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row.
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
@@ -101,15 +92,12 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   if (tiles < kWave && K >= kShorterK) {
     const TileConfig& narrow = config_at(operands, kOneWave96);
     const int64_t narrow_tiles = grid_tiles(narrow, M, N, 1);
-    // 128x96 tiles filling more than half of one wave; a partial last column of them lost to row 4 at K >= 4096.
+    // 128x96 tiles filling more than half of one wave (a partial last column of them loses at K >= 4096).
     const bool narrow_wave = 2 * narrow_tiles > kWave && narrow_tiles <= kWave && !pads(kOneWave96);
-    // TF32 past K = 4096 takes its stream-K row (split-K 2 or 3 from 34 tiles, select_splits) even where 128x96
-    // tiles would fill a wave: 10-18% faster at 64 tiles with K = 8192-65536 (v29).
+    // TF32 past K = 4096: its stream-K row (split-K 2 or 3 from 34 tiles, select_splits) even where 128x96 tiles
+    // would fill a wave (v29).
     if (tf32 && tiles <= 64 && K > kLongK) return kStreamK;
-    // 49-64 tiles (TF32 up to K = 4096): 64x128 tiles sharing W's loads in pairs (half the L2 reads of W), 5-15%
-    // faster than the 128x96, 64x128 and stream-K rows in TF32 at K = 2048-4096 (256x4096->4096 43 vs 48 us), 16-bit
-    // 2-5% at K = 4096 and 7-12% at K = 8192, within 2% either way at K = 2048 (v30). At 36-48 tiles the 64x128 row
-    // alone led by up to 4% except at 128x4096->6144.
+    // 49-64 tiles (TF32 up to K = 4096): 64x128 tiles sharing W's loads in pairs, half the L2 reads of W (v30).
     if (tiles > 48 && tiles <= 64 && !pads(narrow_pair)) return narrow_pair;
     if (tiles <= 64) return narrow_wave ? kOneWave96 : kNarrow;
     if (narrow_wave && (N % narrow.tile_n == 0 || K < kLongK)) return kOneWave96;
@@ -124,26 +112,19 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   if (K <= kShorterK && (!tf32 || tiles <= 16 * kWave)) return kNarrow;
   if (!tf32 && short_k && tiles <= 8 * kWave) return kNarrow;
   // N <= 1024 with K > 4096: x, the large operand, is read once per N tile; row 1 halves that (TF32 256-wide tiles,
-  // 16-bit x multicast to a 1x2 cluster) where its tiles along N pad nothing (v22: 16384x8192->512 TF32 0.389 ->
-  // 0.365 ms, bf16 0.201 -> 0.193).
+  // 16-bit x multicast to a 1x2 cluster) where its tiles along N pad nothing (v22).
   if (K > kLongK && N <= kNarrowN && !pads_along_n(config_at(operands, kShortMRow), N)) return kShortMRow;
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : wide;
   return M <= kShortM ? kShortMRow : kWide;
 }
 
-// Where the training statistics come from. Past a wave of 128x128 tiles with K <= 1024, and in 16-bit K <= 2048,
-// finish_normalize's pass over y costs less than the epilogue's per-tile reductions, since the GEMM without partials
-// takes a row without the statistics node (v24: 4096x1024->1024 TF32 0.057 -> 0.048 ms, 16384x1024->1024 bf16 0.107 ->
-// 0.086, 16-bit K = 2048 0.86-0.94x from 192 tiles). But where the epilogue's launch runs 64x128 tiles, its last
-// wave can be fuller than the y pass's 128x128 grid's, and over three waves or fewer that outweighs the node
-// (wave_cost; v25: 4224x1024->1024, 3 waves against 2 waves' worth, the y pass 1.03-1.09x; 1152-1408x1024->2048, 2
-// against 1.5, 1.09-1.15x); from four waves it does not (3328x1024->2048 bf16, 4 against 3.5: 0.93x; 5248x1024->2048
-// bf16, 6 against 5: 0.95-0.97x). Under a wave it lost by 7-28% (the one-wave and small rows keep their node), and
-// TF32 at K = 2048 ran level (0.99-1.05x). Never the split GEMM (its mainloop dwarfs the epilogue).
-// One long-K case too: TF32 with N <= 1024 and K > 4096 past a wave, where both launches run the cooperative 128x256
-// row, whose epilogue (16-column subtiles) follows each tile's mainloop instead of overlapping the next one, so the
-// node's work is in the open: the y pass 0.95-0.99x at nine shapes of 192-1024 tiles with K = 8192-16384; 16-bit's
-// ping-pong rows hide it (1.00-1.09x), and so do TF32's at N = 2048 (1.00-1.01x) (v26).
+// Where the training statistics come from: finish_normalize's pass over y where it costs less than the epilogue's
+// per-tile reductions, since the GEMM without partials takes a row without the statistics node (v24-v26; the numbers:
+// perf/NOTES.md, "The configuration tables' evidence"). Past a wave of 128x128 tiles with K <= 1024 (16-bit: 2048),
+// unless the epilogue's 64x128 grid fills its last wave enough better than the y pass's 128x128 one to outweigh the
+// node (wave_cost; over three waves it never does); and TF32 with N <= 1024 and K > 4096 past a wave, where the
+// cooperative 128x256 row's epilogue follows each tile's mainloop instead of overlapping the next one. Never the split
+// GEMM (its mainloop dwarfs the epilogue), never under a wave (the one-wave and small rows keep their node).
 // GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
@@ -161,15 +142,10 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
 }
 
 // Where the training forward's product comes from: cuBLAS (the operators call torch's mm; the finish's product variant
-// adds bias and scale and takes the statistics from y) or gemmbn's GEMM. cuBLAS's long-K kernels (a 256x128 tile with
-// half our L2 traffic per flop, perf/NOTES.md v22) outrun ours by more than the y pass costs over the epilogue's
-// partials in 16-bit at K = 8192 from 256 to 2048 tiles of 128x128 (4-32 M outputs): 0.92-0.98x at 12 of the grid's 16
-// shapes there, 0.99-1.01x at the other 4 (M x N = 1024x4096, 4096x1024, 8192x512, 16384x512). Below 256 tiles the
-// y pass's fixed cost loses (4096x8192->512 1.14x), past 2048 cuBLAS's own kernels do (16384x8192->4096 1.05x), and at
-// K <= 4096 it is a wash (0.95-1.06x by shape, no pattern). Never float32: TF32 would need torch's precision. An
-// experiment, compiled in by CMake GEMMBN_CUBLAS_PRODUCT (off; else never): the same forward synchronized ran 2-5%
-// slower (cuBLAS's host path) and the training step no faster (v28).
-// GEMMBN_TRAIN_PRODUCT=cublas|gemmbn overrides it in 16-bit (tests run both; perf A/B runs).
+// adds bias and scale and takes the statistics from y) or gemmbn's GEMM. cuBLAS's long-K kernels outrun ours by more
+// than the y pass costs in 16-bit at K > 4096 from 256 to 2048 tiles of 128x128. An experiment, compiled in by CMake
+// GEMMBN_CUBLAS_PRODUCT (off; else never): synchronized the forward ran slower (cuBLAS's host path) and the training
+// step no faster (perf/NOTES.md v28, "The configuration tables' evidence").
 bool train_product_by_cublas(GemmOperands operands, int M, int N, int K) {
   if (!GEMMBN_CUBLAS_PRODUCT || (operands != GemmOperands::bf16 && operands != GemmOperands::f16)) return false;
   if (const char* forced = std::getenv("GEMMBN_TRAIN_PRODUCT"); forced && *forced) return forced[0] == 'c';
