@@ -256,9 +256,10 @@ DATAFLOW_CASES = [
     pytest.param(torch.float32, "high", STREAM_K, 0.1, id="fp32-high-stream-k-384x8192x4096"),
     pytest.param(torch.bfloat16, "highest", (4096, 8192, 2048), 0.1, id="bf16-4096x8192x2048"),
 ]
-# Each walk as (GEMMBN_FINISH_DATAFLOW, GEMMBN_FLOW_ITEMS_FIRST, GEMMBN_TRAIN_TILE_ORDER), all read per call: the
-# barrier walk, the dataflow walk with jobs first and with items first, and the tile order along M (the experiment of
-# perf/NOTES.md v35) under the barrier walk and under the walk with items first.
+# Each walk as (GEMMBN_FINISH_DATAFLOW, GEMMBN_FLOW_ITEMS_FIRST, GEMMBN_TRAIN_TILE_ORDER, GEMMBN_FLOW_COUNT_ONLY), all
+# read per call: the barrier walk, the dataflow walk with jobs first and with items first, the tile order along M (the
+# experiment of perf/NOTES.md v35) under the barrier walk and under the walk with items first, and the barrier walk
+# beside a GEMM that counts its tiles (the diagnostic of v36).
 DATAFLOW_WALKS = {
     "barrier": ("0", "0", "", "0"),
     "walk": ("1", "0", "", "0"),

@@ -646,9 +646,9 @@ Status claiming_blocks(int max_blocks, int& blocks) {
 }
 
 // Whether the dataflow walk's blocks claim a normalize item first (finish_dataflow_kernel): GEMMBN_FLOW_ITEMS_FIRST=1,
-// read at each launch; else a statistics job, the walk measured in perf/NOTES.md v33-v34. EXPERIMENT (v35): items first
-// pays where the GEMM completes column tiles before its last partial wave (perf/flow_order.py: half of them at
-// 4096x8192->2048 in CUTLASS's order); not yet run on a GPU.
+// read at each launch; else a statistics job, the walk measured in perf/NOTES.md v33-v34. EXPERIMENT, off: items first
+// normalizes the stripes the GEMM finished early beside its last wave, but that does not shorten the walk's tail (the
+// last stripes' statistics), so it won nowhere consistently (perf/NOTES.md v36).
 inline int flow_items_first() {
   const char* set = std::getenv("GEMMBN_FLOW_ITEMS_FIRST");
   return set != nullptr && set[0] == '1';
