@@ -31,6 +31,12 @@ struct Case {
   bool cumulative;      // momentum=None: f = 1 / batches_tracked
 };
 
+// The DType of an element type T (the host's helpers take a DType).
+template <class T>
+constexpr DType dtype_of() {
+  return sizeof(T) == 4 ? DType::f32 : std::is_same_v<T, __half> ? DType::f16 : DType::bf16;
+}
+
 struct Worst {
   double mean = 0, invstd = 0, out = 0, running = 0;  // each error over its bound (<= 1 passes)
 };
@@ -242,14 +248,14 @@ Worst run_case(const Case& c, Source source) {
   } else if (source == kClaims) {
     int counter = 12345;
     const int64_t pass_rows = kRowsPerPass * kUnroll;
-    p.rows_per_chunk = pass_rows, p.items = int(work.stripes * ((M + pass_rows - 1) / pass_rows)), p.claim_counter = &counter;
+    p.rows_per_chunk = pass_rows, p.items = int(pass_items(dtype_of<T>(), M, N)), p.claim_counter = &counter;
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
     claims_counted = counter == p.items + 1;  // one claim per item, and the one that found none
   } else if (source == kDataflow || source == kItemsFirst || source == kDataflowGrid || source == kItemsFirstGrid) {
     const int blocks = source == kDataflowGrid || source == kItemsFirstGrid ? kGridBlocks : 1;
     const int64_t pass_rows = kRowsPerPass * kUnroll;
     const int tile_columns = c.tile_rows == 64 ? 64 : 128, column_tiles = (N + tile_columns - 1) / tile_columns;
-    p.rows_per_chunk = pass_rows, p.items = int(work.stripes * ((M + pass_rows - 1) / pass_rows));
+    p.rows_per_chunk = pass_rows, p.items = int(pass_items(dtype_of<T>(), M, N));
     std::vector<int> flow(TileFlow::ints(column_tiles, work.stripes), 0);
     p.flow = flow.data(), p.column_tiles = column_tiles, p.tile_columns = tile_columns;
     p.items_first = source == kItemsFirst || source == kItemsFirstGrid;
@@ -267,13 +273,11 @@ Worst run_case(const Case& c, Source source) {
       emulation::SharedBuffers shared(size_t(M) * N * sizeof(T) + size_t(N) * (2 * sizeof(T) + 4 * sizeof(float)) +
                                       flow.size() * sizeof(int) + 4096);
       FinishParams<T> q = p;
-      int64_t* counted = &batches_tracked;
       shared.share(q.out, size_t(M) * N), shared.share(q.running_mean, N), shared.share(q.running_var, N);
       shared.share(q.save_mean, N), shared.share(q.save_invstd, N), shared.share(q.alpha, N), shared.share(q.delta, N);
-      shared.share(q.flow, flow.size()), shared.share(counted, 1);
-      q.batches_tracked = counted;
+      shared.share(q.flow, flow.size()), shared.share(q.batches_tracked, 1);
       blocks_ended = emulation::run_grid_of_processes(kThreads, blocks, [&q] { finish_dataflow_kernel<T>(q); }, [&] {
-        count_tiles(q.flow, counted, tiles, column_tiles, q.items_first, hold_last, blocks + 1, streamed_early);
+        count_tiles(q.flow, q.batches_tracked, tiles, column_tiles, q.items_first, hold_last, blocks + 1, streamed_early);
       });
       shared.copy_back();
     }
@@ -356,8 +360,7 @@ bool check_fold(const char* dtype) {
   double worst = 0;
   for (bool folded : {false, true}) {
     std::vector<float> gain(N, NAN), shift(N, NAN);
-    const DType dtype_of_t = sizeof(T) == 4 ? DType::f32 : std::is_same_v<T, __half> ? DType::f16 : DType::bf16;
-    FoldEvalAffineArgs a{dtype_of_t, N, gamma.data(), beta.data(), mean.data(), var.data(), 1e-5, gain.data(),
+    FoldEvalAffineArgs a{dtype_of<T>(), N, gamma.data(), beta.data(), mean.data(), var.data(), 1e-5, gain.data(),
                          shift.data(), folded ? bias.data() : nullptr, folded ? scale.data() : nullptr};
     for (unsigned block = 0; block * kBlock < N; ++block) {
       emulation::run_block(kBlock, [&a] { fold_eval_affine_kernel<T>(a); }, block);
@@ -395,7 +398,7 @@ int walk_beside_a_missing_tile(bool items_first) {
   FinishParams<float> p{y.data(), out.data(), M, N, partial_mean.data(), partial_m2.data(), tiles, tile_rows,
                         gamma.data(), beta.data(), running_mean.data(), running_var.data(), &batches_tracked, false,
                         0.1, 1e-5, save_mean.data(), save_invstd.data(), merge_columns_for(N), work.stripes,
-                        kRowsPerPass * kUnroll, int(work.stripes * ((M + kRowsPerPass * kUnroll - 1) / (kRowsPerPass * kUnroll)))};
+                        kRowsPerPass * kUnroll, int(pass_items(DType::f32, M, N))};
   p.alpha = factors.data(), p.delta = factors.data() + N;
   std::vector<int> flow(TileFlow::ints(column_tiles, work.stripes), 0);
   TileFlow::tiles_done(flow.data())[0] = TileFlow::kLanes * tiles;
