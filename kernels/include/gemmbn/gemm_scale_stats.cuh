@@ -64,6 +64,7 @@ struct GemmScaleStatsKernel {
   static constexpr TileConfig kConfig = config_at(Operands, Index);
   using TileShape = Shape<Int<kConfig.tile_m>, Int<kConfig.tile_n>, Int<kConfig.tile_k>>;
   using ClusterShape = Shape<Int<kConfig.cluster_m>, Int<kConfig.cluster_n>, _1>;
+  static constexpr int kClusterSize = kConfig.cluster_m * kConfig.cluster_n;
   static constexpr int kAlignment = 16 / sizeof(Element);  // TMA: 16-byte rows
   using KernelSchedule = cute::conditional_t<kConfig.pingpong != 0, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                              cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
@@ -132,7 +133,7 @@ struct GemmScaleStatsKernel {
     }
     // The kernel's parameters (TMA descriptors, scheduler) built directly and launched below instead of
     // through GemmUniversalAdapter::initialize/run, which set two function attributes on every call;
-    // here the shared-memory limit is set once per device and the cluster (at most 2 CTAs) is portable.
+    // here the shared-memory limit is set once per device and the cluster (at most 8 CTAs) is portable.
     typename Kernel::Params params = Kernel::to_underlying_arguments(arguments, a.workspace);
     return launch(params, stream);
   }
@@ -169,6 +170,10 @@ struct GemmScaleStatsKernel {
     cutlass::KernelHardwareInfo hw_info;
     cudaError_t device_error = current_device_info(hw_info.device_id, hw_info.sm_count);
     if (device_error != cudaSuccess) return Status::from_cuda(device_error, "querying the current device");
+    if constexpr (kClusterSize > 1) {
+      device_error = max_active_clusters(hw_info.device_id, hw_info.max_active_clusters);
+      if (device_error != cudaSuccess) return Status::from_cuda(device_error, "querying the GEMM's cluster occupancy");
+    }
 
     arguments = typename Gemm::Arguments{
         cutlass::gemm::GemmUniversalMode::kGemm,
@@ -194,6 +199,31 @@ struct GemmScaleStatsKernel {
     return Status::success();
   }
 
+  // Clusters of the row's shape resident at once: the persistent grid. Without it CUTLASS assumes 18-SM GPCs: on an
+  // H200's 132 SMs that gives 2-CTA clusters 132 CTAs but 4-CTA ones 116 (perf/NOTES.md v37).
+  static cudaError_t max_active_clusters(int device, int& clusters) {
+    return cached_per_device(device, clusters, [device](int& resident) {
+      if (cudaError_t e = allow_shared_storage(device); e != cudaSuccess) return e;
+      cudaLaunchAttribute cluster = cluster_attribute();
+      cudaLaunchConfig_t config = {};
+      config.gridDim = dim3(kConfig.cluster_m, kConfig.cluster_n, 1);
+      config.blockDim = Kernel::get_block_shape();
+      config.dynamicSmemBytes = Kernel::SharedStorageSize;
+      config.attrs = &cluster;
+      config.numAttrs = 1;
+      return cudaOccupancyMaxActiveClusters(&resident, &cutlass::device_kernel<Kernel>, &config);
+    });
+  }
+
+  static cudaLaunchAttribute cluster_attribute() {
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = kConfig.cluster_m;
+    cluster.val.clusterDim.y = kConfig.cluster_n;
+    cluster.val.clusterDim.z = 1;
+    return cluster;
+  }
+
   // cudaFuncSetAttribute for the kernel's dynamic shared memory, once per device (attributes are per
   // device context); concurrent first calls both set it, which is harmless.
   static cudaError_t allow_shared_storage(int device) {
@@ -207,12 +237,8 @@ struct GemmScaleStatsKernel {
 
   // One cudaLaunchKernelEx with the row's cluster shape on the caller's stream.
   static Status launch(typename Kernel::Params& params, cudaStream_t stream) {
-    static_assert(kConfig.cluster_m * kConfig.cluster_n <= 8, "portable cluster sizes only (no opt-in attribute)");
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = kConfig.cluster_m;
-    cluster.val.clusterDim.y = kConfig.cluster_n;
-    cluster.val.clusterDim.z = 1;
+    static_assert(kClusterSize <= 8, "portable cluster sizes only (no opt-in attribute)");
+    cudaLaunchAttribute cluster = cluster_attribute();
     cudaLaunchConfig_t config = {};
     config.gridDim = Kernel::get_grid_shape(params);
     config.blockDim = Kernel::get_block_shape();
