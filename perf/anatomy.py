@@ -1,13 +1,15 @@
 """Kernel-by-kernel anatomy of one training forward: gemmbn vs torch.compile vs eager, same inputs.
 
-    python perf/anatomy.py [--size M K N] [--dtype float32|bfloat16] [--iters 10]
+    python perf/anatomy.py [--size M K N] [--dtype float32|bfloat16] [--precision high|highest] [--iters 10] [--sync]
 
 torch.profiler records `iters` forwards of each (after warm-up, L2 flushed before each forward as in
 perf/bench.py); prints each provider's kernels with their median device time, so a gap between two
 providers can be read off kernel by kernel instead of guessed. The timeline line beside it says where
 the rest of a forward's span goes: the GPU idle between the flush's end and the forward's first kernel
 (the host still preparing the launch) and between its kernels (medians, us). Kernels of a forward are
-told apart by the flush kernel that precedes each.
+told apart by the flush kernel that precedes each. --sync waits for the GPU after each flush, as a synchronized
+caller (KernelBench's harness) does: the idle after the flush is then the host's whole path to the first launch, and
+the kernels' times say whether the GPU itself runs the forward slower than back to back.
 """
 
 from __future__ import annotations
@@ -53,12 +55,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--precision", default="high", choices=["high", "highest"],
+                        help="float32 matmuls: high (TF32) or highest (gemmbn's split GEMM, PyTorch's IEEE SGEMM)")
+    parser.add_argument("--sync", action="store_true", help="synchronize after each flush (a synchronized caller)")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--providers", default="gemmbn,compile,eager", help="comma-separated subset")
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
-    reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype)
+    reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype, args.precision)
     flush = timing.flush_buffer(torch.device("cuda"))
     providers = {"gemmbn": lambda: drop_in(x), "compile": lambda: compiled(x), "eager": lambda: reference(x)}
     providers = {name: providers[name] for name in args.providers.split(",")}
@@ -67,12 +72,16 @@ def main() -> None:
             for _ in range(3):
                 fn()
         torch.cuda.synchronize()
-        print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} (TF32 for float32), training forward, "
-              f"median over {args.iters} forwards, L2 flushed before each")
+        matmuls = "TF32" if args.precision == "high" else "IEEE / split"
+        print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} ({matmuls} for float32), training forward, "
+              f"median over {args.iters} forwards, L2 flushed before each"
+              + (", the GPU idle (synchronized) before each" if args.sync else ", back to back"))
         for name, fn in providers.items():
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(args.iters):
                     flush.zero_()
+                    if args.sync:
+                        torch.cuda.synchronize()
                     fn()
                 torch.cuda.synchronize()
             per_kernel = defaultdict(list)
