@@ -1,7 +1,7 @@
 """Host (CPU) time per training (or, with --eval, eval) forward at a small shape, where the host sets the pace.
 
-    python perf/host_overhead.py [--size M K N] [--dtype float32|bfloat16] [--calls 2000] [--profile] [--launch]
-                                 [--mark] [--api] [--eval] [--grad] [--no-compile]
+    python perf/host_overhead.py [--size M K N] [--dtype float32|bfloat16] [--precision high|highest] [--calls 2000]
+                                 [--profile] [--launch] [--mark] [--api] [--eval] [--grad] [--no-compile]
 
 For gemmbn, eager and torch.compile: wall time of `calls` forwards issued back to back with one
 synchronization at the end, divided by `calls`. While the GPU work per forward is shorter than the
@@ -261,6 +261,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(128, 1024, 512), metavar=("M", "K", "N"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--precision", default="high", choices=["high", "highest"],
+                        help="float32 matmuls: high (TF32) or highest (gemmbn's split GEMM, PyTorch's IEEE SGEMM)")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--launch", action="store_true", help="host us from a call to its first kernel launch")
@@ -272,11 +274,12 @@ def main() -> None:
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
-    reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype)
+    reference, drop_in, compiled, x = reference_drop_in_compiled(M, K, N, dtype, args.precision)
     if args.eval:  # the compiled reference is the same module: it recompiles for eval in its warm-up calls
         reference.eval(), drop_in.eval()
     mode = "eval" if args.eval else "training"
-    print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} (TF32 for float32), {mode} forward, "
+    matmuls = "TF32" if args.precision == "high" else "IEEE / split"
+    print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} ({matmuls} for float32), {mode} forward, "
           f"{'grad enabled' if args.grad else 'no_grad'}, {args.calls} calls back to back")
     with contextlib.nullcontext() if args.grad else torch.no_grad():
         providers = {"gemmbn": lambda: drop_in(x), "eager": lambda: reference(x), "compile": lambda: compiled(x)}
