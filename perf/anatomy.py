@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import torch
 from gemmbn import timing
-from models import reference_drop_in_compiled
+from models import FLOAT32_MATMULS, add_precision_option, reference_drop_in_compiled
 from torch.profiler import ProfilerActivity, profile
 
 
@@ -55,8 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--precision", default="high", choices=["high", "highest"],
-                        help="float32 matmuls: high (TF32) or highest (gemmbn's split GEMM, PyTorch's IEEE SGEMM)")
+    add_precision_option(parser)
     parser.add_argument("--sync", action="store_true", help="synchronize after each flush (a synchronized caller)")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--providers", default="gemmbn,compile,eager", help="comma-separated subset")
@@ -72,7 +71,7 @@ def main() -> None:
             for _ in range(3):
                 fn()
         torch.cuda.synchronize()
-        matmuls = "TF32" if args.precision == "high" else "IEEE / split"
+        matmuls = FLOAT32_MATMULS[args.precision]
         print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} ({matmuls} for float32), training forward, "
               f"median over {args.iters} forwards, L2 flushed before each"
               + (", the GPU idle (synchronized) before each" if args.sync else ", back to back"))

@@ -42,7 +42,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from gemmbn import _native, debug
 from gemmbn.debug import gemm_workspace
-from models import reference_drop_in_compiled
+from models import FLOAT32_MATMULS, add_precision_option, reference_drop_in_compiled
 
 
 def per_call_us(fn, calls: int) -> tuple[float, float]:
@@ -261,8 +261,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(128, 1024, 512), metavar=("M", "K", "N"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--precision", default="high", choices=["high", "highest"],
-                        help="float32 matmuls: high (TF32) or highest (gemmbn's split GEMM, PyTorch's IEEE SGEMM)")
+    add_precision_option(parser)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--launch", action="store_true", help="host us from a call to its first kernel launch")
@@ -278,7 +277,7 @@ def main() -> None:
     if args.eval:  # the compiled reference is the same module: it recompiles for eval in its warm-up calls
         reference.eval(), drop_in.eval()
     mode = "eval" if args.eval else "training"
-    matmuls = "TF32" if args.precision == "high" else "IEEE / split"
+    matmuls = FLOAT32_MATMULS[args.precision]
     print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N} {args.dtype} ({matmuls} for float32), {mode} forward, "
           f"{'grad enabled' if args.grad else 'no_grad'}, {args.calls} calls back to back")
     with contextlib.nullcontext() if args.grad else torch.no_grad():

@@ -1,9 +1,21 @@
-"""The models the per-forward perf scripts compare, built one way (seed 0, TF32 for float32)."""
+"""The models the per-forward perf scripts compare, built one way (seed 0; float32 matmuls TF32 unless --precision
+highest asks for PyTorch's IEEE SGEMM and gemmbn's split GEMM)."""
 
 from __future__ import annotations
 
+import argparse
+
 import gemmbn
 import torch
+
+# torch.set_float32_matmul_precision's value -> what float32 matmuls run on, for the scripts' headers.
+FLOAT32_MATMULS = {"high": "TF32", "highest": "IEEE / split"}
+
+
+def add_precision_option(parser: argparse.ArgumentParser) -> None:
+    """--precision, the float32 matmul precision reference_drop_in_compiled takes."""
+    parser.add_argument("--precision", default="high", choices=list(FLOAT32_MATMULS),
+                        help="float32 matmuls: high (TF32) or highest (gemmbn's split GEMM, PyTorch's IEEE SGEMM)")
 
 
 def reference_drop_in_compiled(M: int, K: int, N: int, dtype: torch.dtype, precision: str = "high"):
