@@ -1,5 +1,6 @@
 // The split GEMM's operands: W's scaled fp16 pairs (once per weight version, python/gemmbn/weight_cache.py),
-// x's per-row scales (every call, from gemm_scale_stats) and the backward's pairs of a transposed operand.
+// x's per-row scales (every call, from gemm_scale_stats; with x's own pairs on presplit rows) and the backward's
+// pairs of a transposed operand.
 #include <cuda_fp16.h>
 
 #include "gemmbn/api.h"
@@ -35,24 +36,19 @@ __device__ float block_max(float v, float* scratch) {
   return v;
 }
 
-// One block per row n: s = 2^b[n] from max_k |W[n, k]|, then 2^b W[n, :] -> (hi, lo) in the mainloop's order.
-__global__ void __launch_bounds__(kThreads) split_weight_kernel(SplitWeightArgs a) {
-  __shared__ float scratch[kThreads / 32];
-  const int n = blockIdx.x;
-  const float* row = a.weight + static_cast<int64_t>(n) * a.K;
-  const int vectors = a.K / 4;
+// One block's row t[0, K): s = 2^e from max_k |t[k]|, then 2^e t -> (hi, lo) pairs in the mainloop's order into
+// out (split_columns(K) fp16); returns s and 1/s to every thread.
+__device__ void split_row(const float* row, int K, __half* out_row, float* scratch, float& scale, float& unscale) {
+  const int vectors = K / 4;
   float max_abs = 0.f;
   for (int i = threadIdx.x; i < vectors; i += kThreads) {
     const float4 v = reinterpret_cast<const float4*>(row)[i];
     max_abs = fmaxf(max_abs, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
-  float scale, unscale;
   split::pow2_scale(block_max(max_abs, scratch), scale, unscale);
-  if (threadIdx.x == 0) a.weight_unscale[n] = unscale;
 
-  const int64_t columns = split::split_columns(a.K);
-  uint32_t* out = reinterpret_cast<uint32_t*>(static_cast<__half*>(a.weight_split) + n * columns);
-  const int padded_vectors = static_cast<int>(columns / 2 / 4);  // k-tiles x kVectorsPerTile
+  uint32_t* out = reinterpret_cast<uint32_t*>(out_row);
+  const int padded_vectors = static_cast<int>(split::split_columns(K) / 2 / 4);  // k-tiles x kVectorsPerTile
   for (int i = threadIdx.x; i < padded_vectors; i += kThreads) {
     const float4 v = i < vectors ? reinterpret_cast<const float4*>(row)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
     const int tile = i / kVectorsPerTile, slice = (i % kVectorsPerTile) / 4, quad = i % 4;
@@ -61,6 +57,31 @@ __global__ void __launch_bounds__(kThreads) split_weight_kernel(SplitWeightArgs 
     split::split_pair(v.x * scale, v.y * scale, out[hi_at], out[lo_at]);
     split::split_pair(v.z * scale, v.w * scale, out[hi_at + 4], out[lo_at + 4]);  // positions 2q + 8, 2q + 9
   }
+}
+
+// One block per row n: weight_unscale[n] = 2^-b[n] and 2^b[n] W[n, :] as pairs (split_row).
+__global__ void __launch_bounds__(kThreads) split_weight_kernel(SplitWeightArgs a) {
+  __shared__ float scratch[kThreads / 32];
+  const int n = blockIdx.x;
+  float scale, unscale;
+  split_row(a.weight + static_cast<int64_t>(n) * a.K, a.K,
+            static_cast<__half*>(a.weight_split) + n * split::split_columns(a.K), scratch, scale, unscale);
+  if (threadIdx.x == 0) a.weight_unscale[n] = unscale;
+}
+
+// One block per row m of row_scale_count(M): x_scale[m] = 2^a[m] and 2^a[m] x[m, :] as pairs (split_row); 1 on the
+// padding rows.
+__global__ void __launch_bounds__(kThreads) split_rows_kernel(RowScalesArgs a) {
+  __shared__ float scratch[kThreads / 32];
+  const int m = blockIdx.x;
+  if (m >= a.M) {
+    if (threadIdx.x == 0) a.x_scale[m] = 1.f;
+    return;
+  }
+  float scale, unscale;
+  split_row(a.x + static_cast<int64_t>(m) * a.K, a.K,
+            static_cast<__half*>(a.x_split) + m * split::split_columns(a.K), scratch, scale, unscale);
+  if (threadIdx.x == 0) a.x_scale[m] = scale;
 }
 
 constexpr int kRowsPerBlock = kThreads / 32;  // a warp per row
@@ -218,7 +239,12 @@ Status row_scales(const RowScalesArgs& a, cudaStream_t stream) {
   if (a.K % 4 != 0) return Status::invalid("K must be a multiple of 4 (16-byte rows of float32)");
   if (!a.x || !a.x_scale) return Status::invalid("x and x_scale are required");
   if (!is_aligned16(a.x) || !is_aligned16(a.x_scale)) return Status::invalid("x and x_scale must start on a 16-byte boundary");
+  if (a.x_split && !is_aligned16(a.x_split)) return Status::invalid("x_split must start on a 16-byte boundary");
   const int64_t rows = split::row_scale_count(a.M);
+  if (a.x_split) {
+    split_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(a);
+    return Status::from_cuda(cudaGetLastError(), "launching row_scales (x split too)");
+  }
   if (a.row_max_bits) {
     scales_of_maxima_kernel<<<static_cast<unsigned>((rows + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a);
     return Status::from_cuda(cudaGetLastError(), "launching row_scales (known maxima)");

@@ -135,11 +135,13 @@ Status split_columns(const SplitColumnsArgs& args, cudaStream_t stream);
 
 // x [M, K] fp32 -> x_scale[m] = 2^a[m], the power of two putting max_k |x[m, k]| in [2^14, 2^15), the
 // split GEMM's per-row scale of x; padded to row_scale_count(M) entries (whole 128-row tiles; 1 there).
+// With x_split: also 2^a[m] x[m, :] as fp16 pairs in split_weight's format (the presplit rows' A operand).
 struct RowScalesArgs {
   const float* x = nullptr;  // [M, K]
   int M = 0, K = 0;
   float* x_scale = nullptr;  // [row_scale_count(M)]
-  const unsigned* row_max_bits = nullptr;  // optional [M]: the maxima's bits, known; then x is not read
+  const unsigned* row_max_bits = nullptr;  // optional [M]: the maxima's bits, known; then x is not read (unless split)
+  void* x_split = nullptr;   // optional [M, split_weight_columns(K)] fp16
 };
 int64_t row_scale_count(int M);
 Status row_scales(const RowScalesArgs& args, cudaStream_t stream);
