@@ -15,7 +15,7 @@ if _REASON is not None and "is missing" in _REASON:
 TABLES = [("float32", False), ("bfloat16", False), ("float16", False), ("float32", True)]
 TABLE_IDS = ["tf32", "bf16", "fp16", "split"]
 FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster", "swizzle",
-          "promote_tiles", "stream_k", "statistics", "partial_rows"}
+          "promote_tiles", "stream_k", "statistics", "presplit", "partial_rows"}
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -40,8 +40,10 @@ def test_every_row_is_a_valid_configuration(dtype, split):
             # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only.
             assert (row["tile_m"], row["tile_n"], row["tile_k"], row["pingpong"], row["cluster_n"]) == (128, 128, 32, 0, 1)
             assert row["promote_tiles"] >= 1
+            # x split before the GEMM into the launch's workspace, which a stream-K row keeps for its partial sums.
+            assert row["presplit"] in (0, 1) and not (row["presplit"] and row["stream_k"])
         else:
-            assert row["promote_tiles"] == 1
+            assert row["promote_tiles"] == 1 and row["presplit"] == 0
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -55,14 +57,16 @@ def test_gemm_config_reports_the_row_used(dtype, split):
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
-def test_workspace_is_asked_for_stream_k_rows_only(dtype, split):
-    # Rows without stream-K answer 0 without touching a device; the stream-K rows' size depends on the
-    # device's SM count, so tests/test_native_gpu.py checks those.
+def test_workspace_is_asked_for_stream_k_and_presplit_rows_only(dtype, split):
+    # Rows without stream-K answer 0 (presplit rows: x's pairs) without touching a device; the stream-K rows' size
+    # depends on the device's SM count, so tests/test_native_gpu.py checks those.
     for index, row in enumerate(debug.gemm_configs(dtype, split)):
         if not row["statistics"]:  # a row without the statistics node refuses a launch with partials
             with pytest.raises(RuntimeError, match="statistics node"):
                 debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split)
             assert debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split, statistics=False) == 0
+        elif row["presplit"]:  # x's fp16 pairs: 2 x 32 columns per 32-column k-tile of K = 520, 1000 rows
+            assert debug.gemm_workspace_bytes(dtype, 1000, 264, 520, index, split) == 2 * 1000 * 17 * 64
         elif not row["stream_k"]:
             assert debug.gemm_workspace_bytes(dtype, 1000, 264, 512, index, split) == 0
             with pytest.raises(RuntimeError, match="stream-K"):

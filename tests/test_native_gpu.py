@@ -660,15 +660,21 @@ def _row_relative_error(y, y64):
     return ((y.double() - y64).norm(dim=1) / y64.norm(dim=1)).max().item()
 
 
+# The split table's rows whose x split_rows splits before the GEMM (its A operand then comes from shared memory).
+PRESPLIT_ROWS = [row for name, row in CONFIG_ROWS if name == "split" and _row(name, row)["presplit"]]
+
+
+@pytest.mark.parametrize("config", [-1] + PRESPLIT_ROWS)
 @pytest.mark.parametrize("kind", HARD_KINDS)
 @pytest.mark.parametrize("K", [4096, 8192])
-def test_split_gemm_is_as_accurate_as_sgemm_on_hard_inputs(kind, K):
-    """x @ W^T by the split GEMM within 2x cuBLAS SGEMM's error on the same inputs (it should be ~10x better)."""
+def test_split_gemm_is_as_accurate_as_sgemm_on_hard_inputs(kind, K, config):
+    """x @ W^T by the split GEMM (the rule's row, and each presplit row) within 2x cuBLAS SGEMM's error on the same
+    inputs (it should be ~10x better)."""
     g = torch.Generator(device="cuda").manual_seed(11)
     M, N = 1024, 512
     x = _hard_inputs(kind, M, K, g)
     w = (torch.rand(N, K, device="cuda", generator=g) * 2 - 1) / math.sqrt(K)
-    y, _, _, _ = _gemm(x, w, None, None, "split", stats=False)
+    y, _, _, _ = _gemm(x, w, None, None, "split", stats=False, config=config)
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -679,6 +685,25 @@ def test_split_gemm_is_as_accurate_as_sgemm_on_hard_inputs(kind, K):
     assert torch.isfinite(y).all()
     ours, cublas = _row_relative_error(y, y64), _row_relative_error(sgemm, y64)
     assert ours <= 2 * cublas, f"split {ours:.2e} vs SGEMM {cublas:.2e}"
+
+
+@pytest.mark.parametrize("row", PRESPLIT_ROWS)
+def test_presplit_rows_sum_what_the_register_split_sums(row):
+    """A presplit row feeds the tensor cores the pairs row 0 makes in registers (split_rows and the mainloop's split
+    are the same rounding of the same scaled values, in the same k order), in the same order of wgmmas: with row 0's
+    promotion period the output is bit for bit row 0's; with another, the sums are grouped differently and differ in
+    the last bits only (the accuracy tests above bound them)."""
+    M, K, N = 1000, 4100, 264  # a ragged M tile, a ragged last k-tile, a ragged N tile
+    problem = _problem(M, K, N, torch.float32, seed=row)
+    reference, *_ = _gemm(*problem, "split", config=0)
+    presplit, *_ = _gemm(*problem, "split", config=row)
+    torch.cuda.synchronize()
+    assert not presplit.isnan().any(), "unwritten output elements"
+    if _row("split", row)["promote_tiles"] == _row("split", 0)["promote_tiles"]:
+        assert torch.equal(presplit, reference)
+    else:
+        # Each is within GEMM_TOL["split"] of float64 (test_every_configuration_row): so within twice that apart.
+        assert _rel(presplit, reference) < 2 * GEMM_TOL["split"]
 
 
 def test_split_arguments_are_checked():

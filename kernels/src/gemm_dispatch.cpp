@@ -56,6 +56,20 @@ static_assert(first_row_without_statistics(GemmOperands::tf32) > 0 &&
                   first_row_without_statistics(GemmOperands::bf16) > 0,
               "select_config gives launches without partials a row without the statistics node");
 
+// The split GEMM's row where select_config would take `row`: GEMMBN_SPLIT_PRESPLIT's presplit row if it names one.
+int presplit_row(int row) {
+  static const int chosen = [] {
+    const char* value = std::getenv("GEMMBN_SPLIT_PRESPLIT");
+    const int index = value ? std::atoi(value) : -1;
+    const bool valid = index > 0 && index < kSplitConfigCount && config_at(GemmOperands::f32_split, index).presplit;
+    return valid ? index : -1;
+  }();
+  return chosen >= 0 ? chosen : row;
+}
+
+// Bytes of x's fp16 pairs (split_rows's output) for a presplit row.
+size_t presplit_bytes(int M, int K) { return sizeof(uint16_t) * size_t(M) * size_t(split_weight_columns(K)); }
+
 }  // namespace
 
 #ifndef GEMMBN_TF32_ROWS
@@ -77,7 +91,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns);
 // - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
 //   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
-// The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row.
+// The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row; elsewhere row 0, or where
+// GEMMBN_SPLIT_PRESPLIT names a presplit row (EXPERIMENT, read once per process: perf/NOTES.md v38), that row.
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
@@ -87,7 +102,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   const int narrow_pair = tf32 ? 8 : 7;  // 64x128 tiles in 2x1 clusters
   const int64_t tiles = tiles_128(M, N);
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
-  if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : kWide;
+  if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : presplit_row(kWide);
   if (tiles <= 32 || (tiles <= 64 && short_k)) return kSmall;
   if (tiles < kWave && K >= kShorterK) {
     const TileConfig& narrow = config_at(operands, kOneWave96);
@@ -166,7 +181,7 @@ bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int
   const TileConfig& c = config_at(operands, config);
   const int row[kConfigFields] = {c.tile_m,   c.tile_n,   c.tile_k, c.cluster_m,     c.cluster_n, c.epilogue_n,
                                   c.pingpong, c.raster, unpadded_swizzle(c, M, N), c.promote_tiles, c.stream_k,
-                                  c.statistics, partial_rows(c)};
+                                  c.statistics, c.presplit, partial_rows(c)};
   for (int i = 0; i < kConfigFields; ++i) out[i] = row[i];
   return true;
 }
@@ -224,6 +239,10 @@ Status gemm_workspace_bytes(const GemmScaleStatsArgs& args, size_t& bytes) {
   const GemmOperands operands = gemm_operands(args);
   int row = 0;
   if (Status s = resolve_row(args, operands, row); !s) return s;
+  if (config_at(operands, row).presplit) {
+    bytes = presplit_bytes(args.M, args.K);
+    return Status::success();
+  }
   if (config_at(operands, row).stream_k == 0) return Status::success();  // no device query needed
   switch (operands) {
     case GemmOperands::tf32: return row_workspace<GemmOperands::tf32>(row, args, bytes);
@@ -258,6 +277,10 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
   if (args.tile_flow && !args.partial_mean) return Status::invalid("tile_flow counts the tiles' partials: it needs them");
   int row = 0;
   if (Status s = resolve_row(args, operands, row); !s) return s;
+  if (config_at(operands, row).presplit &&
+      (args.workspace == nullptr || args.workspace_bytes < presplit_bytes(args.M, args.K))) {
+    return Status::invalid("this configuration row needs a workspace of gemm_workspace_bytes bytes (x's pairs)");
+  }
   note_host_mark(HostMark::gemm_launching);
   Status launched = Status::invalid("unknown operand types");
   switch (operands) {
@@ -265,9 +288,12 @@ Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream) {
     case GemmOperands::bf16: launched = run_row<GemmOperands::bf16>(row, args, stream); break;
     case GemmOperands::f16: launched = run_row<GemmOperands::f16>(row, args, stream); break;
     case GemmOperands::f32_split: {
-      // x's per-row scales first: the split mainloop reads them with each stage.
-      launched =
-          row_scales({static_cast<const float*>(args.x), args.M, args.K, args.x_scale, args.x_row_max_bits}, stream);
+      // x's per-row scales first (and on presplit rows its pairs, into the workspace): the split mainloop reads them
+      // with each stage.
+      const bool presplit = config_at(operands, row).presplit != 0;
+      launched = row_scales({static_cast<const float*>(args.x), args.M, args.K, args.x_scale, args.x_row_max_bits,
+                             presplit ? args.workspace : nullptr},
+                            stream);
       if (launched) launched = run_row<GemmOperands::f32_split>(row, args, stream);
       break;
     }

@@ -96,14 +96,15 @@ int gemm_config_count(GemmOperands operands);
 int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics = true);
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
-// stream_k, statistics, partial_rows}; partial_rows (last) is the number of rows per statistics partial, swizzle the one
-// this problem's launch passes (the row's, reduced where it would pad tiles: configs.h unpadded_swizzle). False if
-// config is out of range.
-inline constexpr int kConfigFields = 13;
+// stream_k, statistics, presplit, partial_rows}; partial_rows (last) is the number of rows per statistics partial,
+// swizzle the one this problem's launch passes (the row's, reduced where it would pad tiles: configs.h
+// unpadded_swizzle). False if config is out of range.
+inline constexpr int kConfigFields = 14;
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields],
                      bool statistics = true);
 // Workspace the call needs (args' dtype, split weight and partial_mean presence, M, N, K, config and
-// splits are read; pointers are not): 0 for all but stream-K rows. Queries the current device's SM count.
+// splits are read; pointers are not): 0 for all but stream-K rows (queries the current device's SM count) and the
+// split GEMM's presplit rows (x's pairs: M x split_weight_columns(K) fp16).
 Status gemm_workspace_bytes(const GemmScaleStatsArgs& args, size_t& bytes);
 Status gemm_scale_stats(const GemmScaleStatsArgs& args, cudaStream_t stream);
 

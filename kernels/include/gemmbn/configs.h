@@ -28,6 +28,10 @@ struct TileConfig {
   // launches without partials (the eval forward, a training forward taking its statistics from y), and its epilogue
   // has the registers the node would hold.
   int statistics = 1;
+  // Split GEMM only: 0: the mainloop splits x in registers (split_f16x3_mainloop.hpp); 1: row_scales splits x into its
+  // fp16 pairs before the GEMM (into the launch's workspace) and both operands reach the tensor cores from shared
+  // memory (split_f16x3_presplit_mainloop.hpp).
+  int presplit = 0;
 };
 
 // Rows per epilogue subtile: CUTLASS's sm90 epilogue takes 128 rows per subtile in cooperative kernels,
@@ -97,6 +101,11 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 inline constexpr TileConfig kSplitConfigs[] = {
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},     // 0: promotion every 128 columns
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 1},  // 1: row 0, stream-K
+#if GEMMBN_PRESPLIT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v38): picked only under GEMMBN_SPLIT_PRESPLIT
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 0, 1, 1},  // 2: row 0 on x split before the GEMM
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 8, 0, 1, 1},  // 3: row 2, promotion every 256 columns
+    {128, 128, 32, 2, 1, 32, 0, 1, 4, 4, 0, 1, 1},  // 4: row 2, W multicast to 2 CTAs
+#endif
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);

@@ -1,6 +1,6 @@
 // The fused GEMM: CUTLASS 3.x sm90a, TMA + wgmma, warp-specialized persistent kernel (cooperative or
-// ping-pong, per configuration row); the fp32-faithful split GEMM swaps in its own mainloop
-// (split_f16x3_mainloop.hpp) under the same epilogue.
+// ping-pong, per configuration row); the fp32-faithful split GEMM swaps in its own mainloop under the same
+// epilogue (split_f16x3_mainloop.hpp, or split_f16x3_presplit_mainloop.hpp on rows whose x split_rows splits first).
 // Included only by kernels/src/gemm_row.cuh, which instantiates one configuration row per translation unit.
 #pragma once
 
@@ -19,6 +19,7 @@
 #include "gemmbn/device_info.h"
 #include "gemmbn/row_affine_node.hpp"
 #include "gemmbn/split_f16x3_mainloop.hpp"
+#include "gemmbn/split_f16x3_presplit_mainloop.hpp"
 
 namespace gemmbn::detail {
 
@@ -31,8 +32,7 @@ using OperandElement = cute::conditional_t<Operands == GemmOperands::bf16, cutla
                                            cute::conditional_t<Operands == GemmOperands::f16, cutlass::half_t, float>>;
 
 // CUTLASS's own mainloop for native operands, sized to the shared memory the epilogue leaves.
-template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, bool Split,
-          int PromoteTiles>
+template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes>
 struct MainloopFor {
   static constexpr int kAlignment = 16 / sizeof(Element);
   using type = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -42,19 +42,23 @@ struct MainloopFor {
       float, TileShape, ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<EpilogueBytes>,
       KernelSchedule>::CollectiveOp;
 };
-// The split mainloop: as many stages as fit beside the epilogue (less 2 KB for the kernel's barriers,
-// scheduler storage and the 1024-byte alignment of the stages).
-template <class Element, class TileShape, class ClusterShape, class KernelSchedule, int EpilogueBytes, int PromoteTiles>
-struct MainloopFor<Element, TileShape, ClusterShape, KernelSchedule, EpilogueBytes, true, PromoteTiles> {
+// The split mainloops (x split in registers, or before the GEMM by split_rows): as many stages as fit beside the
+// epilogue (less 2 KB for the kernel's barriers, scheduler storage and the 1024-byte alignment of the stages).
+template <bool Presplit, int Stages, class Cluster, int TileN, int PromoteTiles>
+using SplitMainloop =
+    cute::conditional_t<Presplit, mainloop::SplitF16x3PresplitMainloop<Stages, Cluster, TileN, PromoteTiles>,
+                        mainloop::SplitF16x3Mainloop<Stages, Cluster, TileN, PromoteTiles>>;
+template <class TileShape, class ClusterShape, int EpilogueBytes, int PromoteTiles, bool Presplit>
+struct SplitMainloopFor {
   static constexpr int kTileN = cute::size<1>(TileShape{});
-  using Probe = mainloop::SplitF16x3Mainloop<2, ClusterShape, kTileN, PromoteTiles>;
+  using Probe = SplitMainloop<Presplit, 2, ClusterShape, kTileN, PromoteTiles>;
   static constexpr int kStages =
       (cutlass::gemm::collective::detail::sm90_smem_capacity_bytes - EpilogueBytes - 2048) /
       (Probe::kStageBytes + int(sizeof(typename Probe::PipelineStorage)) / 2);
   static_assert(cute::is_same_v<TileShape, typename Probe::TileShape>, "split rows: 128 x N x split::kTileK tiles");
-  static_assert(kStages >= 4, "the consumer holds up to four stages (wgmmas i - 1 and i, split of i + 1, "
-                "loads of i + 2)");
-  using type = mainloop::SplitF16x3Mainloop<kStages, ClusterShape, kTileN, PromoteTiles>;
+  static_assert(kStages >= 4, "the register split's consumer holds up to four stages (wgmmas i - 1 and i, split of "
+                "i + 1, loads of i + 2)");
+  using type = SplitMainloop<Presplit, kStages, ClusterShape, kTileN, PromoteTiles>;
 };
 
 template <GemmOperands Operands, int Index>
@@ -91,12 +95,14 @@ struct GemmScaleStatsKernel {
       EpilogueSchedule, Output>::CollectiveOp;
 
   static_assert(!kSplit || kConfig.pingpong == 0, "the split mainloop is written for the cooperative kernel");
-  using CollectiveMainloop =
-      typename MainloopFor<Element, TileShape, ClusterShape, KernelSchedule,
-                           static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage)), kSplit,
-                           kConfig.promote_tiles>::type;
+  static constexpr int kEpilogueBytes = static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
+  using CollectiveMainloop = typename cute::conditional_t<
+      kSplit, SplitMainloopFor<TileShape, ClusterShape, kEpilogueBytes, kConfig.promote_tiles, kConfig.presplit != 0>,
+      MainloopFor<Element, TileShape, ClusterShape, KernelSchedule, kEpilogueBytes>>::type;
 
   static_assert(kConfig.stream_k == 0 || kConfig.pingpong == 0, "CUTLASS's stream-K takes cooperative kernels only");
+  static_assert(kConfig.presplit == 0 || (kSplit && kConfig.stream_k == 0),
+                "presplit rows: split GEMM only, x's pairs in the workspace (no stream-K one beside them)");
   using TileScheduler = cute::conditional_t<kConfig.stream_k != 0, cutlass::gemm::StreamKScheduler,
                                             cutlass::gemm::PersistentScheduler>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, CollectiveMainloop,
@@ -158,7 +164,10 @@ struct GemmScaleStatsKernel {
     }();
 
     typename CollectiveMainloop::Arguments mainloop_arguments = [&] {
-      if constexpr (kSplit) {
+      if constexpr (kSplit && kConfig.presplit != 0) {  // x's pairs in the workspace (split_rows wrote them)
+        return typename CollectiveMainloop::Arguments{static_cast<cutlass::half_t const*>(a.workspace),
+                                                      static_cast<cutlass::half_t const*>(a.weight_split), a.x_scale};
+      } else if constexpr (kSplit) {
         return typename CollectiveMainloop::Arguments{static_cast<float const*>(a.x),
                                                       static_cast<cutlass::half_t const*>(a.weight_split), a.x_scale};
       } else {
