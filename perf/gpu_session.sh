@@ -53,7 +53,7 @@
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
 #   presplit          the split GEMM's presplit rows (perf/NOTES.md v38; a build with GEMMBN_PRESPLIT_ROWS=ON): their
 #                     GPU tests, the fp32 forward and backward tests with them chosen (GEMMBN_SPLIT_PRESPLIT=2), tune_gemm
-#                     over split rows 0, 2-4 at three shapes, the KernelBench fp32 forward A/B of rows 0, 2 and 3
+#                     over split rows 0, 2-5 at three shapes, the KernelBench fp32 forward A/B of rows 0, 2, 3 and 5
 #                     (perf/ab.sh, two rounds) and perf/anatomy.py's kernels with row 2
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 #   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
@@ -267,19 +267,20 @@ for name in $steps; do
         done
       done 2>&1 | tee "$out/flow-cost.txt" | grep -E "^==|span|gemm|finish" ;;
     presplit)
-      # Needs a build with -Ccmake.define.GEMMBN_PRESPLIT_ROWS=ON (split rows 2-4; perf/NOTES.md v38).
+      # Needs a build with -Ccmake.define.GEMMBN_PRESPLIT_ROWS=ON (split rows 2-5; perf/NOTES.md v38).
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k "split or presplit or every_configuration_row" \
         2>&1 | tee "$out/presplit-tests.log" | tail -8
       GEMMBN_SPLIT_PRESPLIT=2 timeout $(limit 120) python3 -m pytest -q -rs tests/test_fused_gpu.py tests/test_backward_gpu.py \
         -k "float32 or highest or split" 2>&1 | tee -a "$out/presplit-tests.log" | tail -8
-      timeout $(limit 120) python3 perf/tune_gemm.py --dtypes split --rows 0,2,3,4 --rasters 0 --swizzles 0 --iters 20 \
+      timeout $(limit 120) python3 perf/tune_gemm.py --dtypes split --rows 0,2,3,4,5 --rasters 0 --swizzles 0 --iters 20 \
         --size 16384 4096 4096 --size 8192 8192 8192 --size 4096 4096 4096 --out "$out/tune-presplit.csv" 2>&1 \
         | tee "$out/tune-presplit.txt" | tail -24
-      timeout $(limit 200) bash perf/ab.sh "$out/presplit-ab" registers:GEMMBN_SPLIT_PRESPLIT=0 \
-        presplit:GEMMBN_SPLIT_PRESPLIT=2 promote8:GEMMBN_SPLIT_PRESPLIT=3 2 -- perf/bench.py --set kernelbench \
+      timeout $(limit 240) bash perf/ab.sh "$out/presplit-ab" registers:GEMMBN_SPLIT_PRESPLIT=0 \
+        presplit:GEMMBN_SPLIT_PRESPLIT=2 promote8:GEMMBN_SPLIT_PRESPLIT=3 staggered:GEMMBN_SPLIT_PRESPLIT=5 2 -- \
+        perf/bench.py --set kernelbench \
         --configs fp32 --providers gemmbn,eager --no-compile --iters 20 --out "$out/presplit-ab/bench_{side}_{round}.csv" > "$out/presplit-ab.log" 2>&1
       python3 perf/ab_summary.py "$out"/presplit-ab/bench_registers_*.csv "$out"/presplit-ab/bench_presplit_*.csv \
-        "$out"/presplit-ab/bench_promote8_*.csv \
+        "$out"/presplit-ab/bench_promote8_*.csv "$out"/presplit-ab/bench_staggered_*.csv \
         --out "$out/presplit-ab.csv" --note "perf/gpu_session.sh presplit at $GEMMBN_COMMIT" | tee "$out/presplit-ab.md"
       GEMMBN_SPLIT_PRESPLIT=2 timeout $(limit 60) python3 perf/anatomy.py --dtype float32 --precision highest \
         --providers gemmbn --iters 10 2>&1 | tee "$out/presplit-anatomy.txt" | tail -12 ;;

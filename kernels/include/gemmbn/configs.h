@@ -30,7 +30,7 @@ struct TileConfig {
   int statistics = 1;
   // Split GEMM only: 0: the mainloop splits x in registers (split_f16x3_mainloop.hpp); 1: row_scales splits x into its
   // fp16 pairs before the GEMM (into the launch's workspace) and both operands reach the tensor cores from shared
-  // memory (split_f16x3_presplit_mainloop.hpp).
+  // memory (split_f16x3_presplit_mainloop.hpp); 2: that, the two consumer warpgroups' promotions staggered.
   int presplit = 0;
 };
 
@@ -105,6 +105,7 @@ inline constexpr TileConfig kSplitConfigs[] = {
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 0, 1, 1},  // 2: row 0 on x split before the GEMM
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 8, 0, 1, 1},  // 3: row 2, promotion every 256 columns
     {128, 128, 32, 2, 1, 32, 0, 1, 4, 4, 0, 1, 1},  // 4: row 2, W multicast to 2 CTAs
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 0, 1, 2},  // 5: row 2, the warpgroups' promotions staggered
 #endif
 };
 

@@ -44,11 +44,12 @@ struct MainloopFor {
 };
 // The split mainloops (x split in registers, or before the GEMM by split_rows): as many stages as fit beside the
 // epilogue (less 2 KB for the kernel's barriers, scheduler storage and the 1024-byte alignment of the stages).
-template <bool Presplit, int Stages, class Cluster, int TileN, int PromoteTiles>
-using SplitMainloop =
-    cute::conditional_t<Presplit, mainloop::SplitF16x3PresplitMainloop<Stages, Cluster, TileN, PromoteTiles>,
-                        mainloop::SplitF16x3Mainloop<Stages, Cluster, TileN, PromoteTiles>>;
-template <class TileShape, class ClusterShape, int EpilogueBytes, int PromoteTiles, bool Presplit>
+// Presplit: configs.h's field (0: x split in registers; 1: x split before; 2: that, with staggered promotions).
+template <int Presplit, int Stages, class Cluster, int TileN, int PromoteTiles>
+using SplitMainloop = cute::conditional_t<
+    Presplit != 0, mainloop::SplitF16x3PresplitMainloop<Stages, Cluster, TileN, PromoteTiles, (Presplit == 2)>,
+    mainloop::SplitF16x3Mainloop<Stages, Cluster, TileN, PromoteTiles>>;
+template <class TileShape, class ClusterShape, int EpilogueBytes, int PromoteTiles, int Presplit>
 struct SplitMainloopFor {
   static constexpr int kTileN = cute::size<1>(TileShape{});
   using Probe = SplitMainloop<Presplit, 2, ClusterShape, kTileN, PromoteTiles>;
@@ -97,7 +98,7 @@ struct GemmScaleStatsKernel {
   static_assert(!kSplit || kConfig.pingpong == 0, "the split mainloop is written for the cooperative kernel");
   static constexpr int kEpilogueBytes = static_cast<int>(sizeof(typename CollectiveEpilogue::SharedStorage));
   using CollectiveMainloop = typename cute::conditional_t<
-      kSplit, SplitMainloopFor<TileShape, ClusterShape, kEpilogueBytes, kConfig.promote_tiles, kConfig.presplit != 0>,
+      kSplit, SplitMainloopFor<TileShape, ClusterShape, kEpilogueBytes, kConfig.promote_tiles, kConfig.presplit>,
       MainloopFor<Element, TileShape, ClusterShape, KernelSchedule, kEpilogueBytes>>::type;
 
   static_assert(kConfig.stream_k == 0 || kConfig.pingpong == 0, "CUTLASS's stream-K takes cooperative kernels only");

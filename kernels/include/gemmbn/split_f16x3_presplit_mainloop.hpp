@@ -14,8 +14,8 @@
 // - Each stage holds one 32-column k-tile of both operands as 64 split columns (32 hi, then 32 lo), so the
 //   six wgmmas of a k-tile read k-blocks (hi s, hi s), (lo s, hi s), (hi s, lo s) of x and W. Both operands
 //   order their columns alike (split::slice_column), so the products pair the same k.
-// - Promotion as in split_f16x3_mainloop.hpp: PromoteTiles k-tiles on the tensor cores, then into fp32, the tensor
-//   pipe drained for it.
+// - Promotion as in split_f16x3_mainloop.hpp: PromoteTiles k-tiles on the tensor cores, then into fp32 after the
+//   warpgroup's wgmmas drain. Staggered, one warpgroup drains while the other's wgmmas keep the tensor pipe busy.
 #pragma once
 
 #include <cute/arch/cluster_sm90.hpp>
@@ -39,8 +39,9 @@ struct SplitF16x3PresplitArguments {
   float const* x_scale = nullptr;            // [ceil(M / 128) 128] from split_rows: 2^a[m]
 };
 
-// PromoteTiles: k-tiles per fp32 promotion.
-template <int Stages, class ClusterShape_, int TileN, int PromoteTiles>
+// PromoteTiles: k-tiles per fp32 promotion; Stagger: warpgroup 1's first group is half as long, so the two
+// warpgroups drain at different k-tiles.
+template <int Stages, class ClusterShape_, int TileN, int PromoteTiles, bool Stagger>
 struct SplitF16x3PresplitMainloop {
   static constexpr int kTileM = split::kRowBlock;  // two consumer warpgroups of 64 rows
   static constexpr int kTileK = split::kTileK;
@@ -235,10 +236,11 @@ struct SplitF16x3PresplitMainloop {
     float scale[2];  // 2^a of rows g, g + 8, read from the tile's first stage
     bool first_tile = true, holding = false;  // holding: a stage whose wgmmas may still run is not yet released
     PipelineState smem_pipe_release = smem_pipe_read;
-    // One promotion group: up to kPromoteTiles k-tiles into acc_group, each k-tile's wgmmas in flight while the next
+    // One promotion group: up to group_tiles k-tiles into acc_group, each k-tile's wgmmas in flight while the next
     // k-tile is waited for and issued.
+    int group_tiles = Stagger && warp_group == 1 ? cute::max(kPromoteTiles / 2, 1) : kPromoteTiles;
     auto run_group = [&] {
-      for (int t = 0; t < kPromoteTiles && k_tile_count > 0; ++t, --k_tile_count) {
+      for (int t = 0; t < group_tiles && k_tile_count > 0; ++t, --k_tile_count) {
         pipeline.consumer_wait(smem_pipe_read);
         if (first_tile) {
           CUTLASS_PRAGMA_UNROLL
@@ -254,8 +256,9 @@ struct SplitF16x3PresplitMainloop {
         }
         holding = true;
       }
+      group_tiles = kPromoteTiles;
     };
-    // The tensor pipe drains at each group's end: the promotion needs the group's last wgmmas. (Two group
+    // The warpgroup's wgmmas drain at each group's end: the promotion needs the group's last ones. (Two group
     // accumulators taking turns, the promotion of one beside the other's wgmmas, make ptxas serialize every wgmma:
     // C7514, an accumulator read while a wgmma is in flight; perf/NOTES.md v38.)
     while (k_tile_count > 0) {
