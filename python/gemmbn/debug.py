@@ -104,8 +104,9 @@ def gemm_configs(dtype: str, split: bool = False) -> list[dict[str, int]]:
 
 def gemm_workspace_bytes(dtype: str, M: int, N: int, K: int, config: int = -1, split: bool = False,
                          splits: int = -1, statistics: bool = True, raster: int = -1, swizzle: int = -1) -> int:  # fmt: skip
-    """Bytes of workspace gemm_scale_stats needs on this row (0 except on stream-K rows), with the launch's tile order
-    (raster, swizzle: -1 as a launch that names none)."""
+    """Bytes of workspace gemm_scale_stats needs on this row (0 except on stream-K rows and the split GEMM's presplit
+    rows, whose workspace holds x's fp16 pairs), with the launch's tile order (raster, swizzle: -1 as a launch that
+    names none)."""
     return _ops().gemm_workspace_bytes(dtype, M, N, K, config, split, splits, statistics, raster, swizzle)
 
 
@@ -153,7 +154,8 @@ def gemm_workspace(
     raster: int = -1, swizzle: int = -1,
 ) -> Tensor | None:
     """gemm_scale_stats's workspace for x [M, K] -> N columns on this row (config < 0: the row chosen for a launch
-    with partials, or without when not ``statistics``), or None where the row needs none (all but stream-K rows)."""
+    with partials, or without when not ``statistics``), or None where the row needs none (all but stream-K and presplit
+    rows)."""
     size = gemm_workspace_bytes(_DTYPE_NAMES[x.dtype], x.shape[0], N, K, config, split, splits, statistics, raster,
                                 swizzle)  # fmt: skip
     return torch.empty(size, dtype=torch.uint8, device=x.device) if size else None
