@@ -706,6 +706,23 @@ def test_presplit_rows_sum_what_the_register_split_sums(row):
         assert _rel(presplit, reference) < 2 * GEMM_TOL["split"]
 
 
+@pytest.mark.parametrize("row", PRESPLIT_ROWS)
+def test_presplit_workspace_is_checked(row):
+    """A presplit row's workspace holds x's pairs: none, or one byte short, is refused before anything runs (x_scale
+    and y untouched)."""
+    x, w, b, s = _problem(1000, 512, 264, torch.float32)
+    size = debug.gemm_workspace_bytes("float32", 1000, 264, 512, row, True)
+    assert size == 2 * 1000 * debug.split_weight_columns(512)
+    keywords = _split_keywords("split", w, 1000)  # x_scale poisoned
+    y = torch.full((1000, 264), float("nan"), device="cuda")
+    for workspace in (None, torch.empty(size - 1, device="cuda", dtype=torch.uint8)):
+        with pytest.raises(RuntimeError, match="workspace"):
+            debug.gemm_scale_stats(x, w, y, b, s, None, None, None, None, None, config=row, workspace=workspace,
+                                   **keywords)
+    torch.cuda.synchronize()
+    assert y.isnan().all() and keywords["x_scale"].isnan().all(), "a refused call must launch nothing"
+
+
 def test_split_arguments_are_checked():
     x, w, b, s = _problem(64, 64, 64, torch.float32)
     y = torch.full((64, 64), float("nan"), device="cuda")
