@@ -39,6 +39,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "gemmbn/f16_split.cuh"
+#include "gemmbn/split_f16x3_producer.hpp"
 
 namespace gemmbn::mainloop {
 
@@ -164,8 +165,8 @@ struct SplitF16x3Mainloop {
     return cute::make_tuple(gX_mkl, gW_nkl, gXhalf_mkl);
   }
 
-  // Producer (one elected thread): per stage, x's two halves, W's k-tile (multicast along the cluster)
-  // and the tile's row scales.
+  // Producer (one elected thread): per stage, x's two halves, then W's k-tile and the row scales
+  // (load_split_stages).
   template <class LoadInputs, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline, PipelineState smem_pipe_write,
                            LoadInputs const& load_inputs, BlockCoord const& blk_coord, KTileIterator k_tile_iter,
@@ -176,37 +177,20 @@ struct SplitF16x3Mainloop {
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     Tensor gXhalf = get<2>(load_inputs)(_, _, m_coord, _, l_coord);  // (128, 16, 2 kt)
     Tensor gW = get<1>(load_inputs)(_, _, n_coord, _, l_coord);      // (N, 64, kt)
-
-    constexpr uint32_t cluster_m = size<0>(ClusterShape{});
-    const uint32_t rank_m = block_rank_in_cluster % cluster_m;
     auto tma_x = params.tma_x.get_slice(0);
-    auto tma_w = params.tma_w.get_slice(rank_m);
+    auto tma_w = params.tma_w.get_slice(block_rank_in_cluster % uint32_t(size<0>(ClusterShape{})));
     Tensor tXgX = tma_x.partition_S(gXhalf);
     Tensor tXsX = tma_x.partition_D(sX);
-    Tensor tWgW = tma_w.partition_S(gW);
-    Tensor tWsW = tma_w.partition_D(sW);
-    uint16_t mcast_mask_w = 0;
-    if constexpr (cluster_m > 1) {
-      for (uint32_t m = 0; m < cluster_m; ++m) mcast_mask_w |= uint16_t(1) << m;  // cluster (M, 1): ranks 0..M-1
-    }
-
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; k_tile_count > 0; --k_tile_count) {
-      pipeline.producer_acquire(smem_pipe_write);
-      auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
-      const int stage = smem_pipe_write.index();
-      const int k_tile = *k_tile_iter;
-      CUTLASS_PRAGMA_UNROLL
-      for (int half = 0; half < split::kSlices; ++half) {
-        copy(params.tma_x.with(*barrier), tXgX(_, _, _, split::kSlices * k_tile + half),
-             tXsX(_, _, _, split::kSlices * stage + half));
-      }
-      copy(params.tma_w.with(*barrier, mcast_mask_w), tWgW(_, _, _, k_tile), tWsW(_, _, _, stage));
-      SM90_BULK_COPY_G2S::copy(params.x_scale + int64_t(m_coord) * kTileM, barrier,
-                               storage.x_scale.data() + stage * kTileM, kScaleBytes);
-      ++k_tile_iter;
-      ++smem_pipe_write;
-    }
+    load_split_stages<kTileM, ClusterShape>(
+        params, pipeline, smem_pipe_write, tma_w.partition_S(gW), tma_w.partition_D(sW), m_coord,
+        storage.x_scale.data(), k_tile_iter, k_tile_count,
+        [&](auto& barrier, int k_tile, int stage) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int half = 0; half < split::kSlices; ++half) {
+            copy(params.tma_x.with(barrier), tXgX(_, _, _, split::kSlices * k_tile + half),
+                 tXsX(_, _, _, split::kSlices * stage + half));
+          }
+        });
   }
 
   CUTLASS_DEVICE void load_tail(MainloopPipeline pipeline, PipelineState smem_pipe_write) {
