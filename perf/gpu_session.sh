@@ -51,10 +51,9 @@
 #                     (flow-cost.txt); other cases by GEMMBN_FLOW_COST_CASES="M K N dtype;..."
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
-#   presplit          the split GEMM's presplit rows (perf/NOTES.md v38; a build with GEMMBN_PRESPLIT_ROWS=ON): their
-#                     GPU tests, the fp32 forward and backward tests with them chosen (GEMMBN_SPLIT_PRESPLIT=2), tune_gemm
-#                     over split rows 0, 2-5 at three shapes, the KernelBench fp32 forward A/B of rows 0, 2, 3 and 5
-#                     (perf/ab.sh, two rounds) and perf/anatomy.py's kernels with row 2
+#   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
+#                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
+#                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 #   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
 #                     (the short-K shapes' cost), plus tune_gemm.py there over every tile order
@@ -266,24 +265,32 @@ for name in $steps; do
             --providers gemmbn --iters 20 2>&1 | tail -8
         done
       done 2>&1 | tee "$out/flow-cost.txt" | grep -E "^==|span|gemm|finish" ;;
-    presplit)
-      # Needs a build with -Ccmake.define.GEMMBN_PRESPLIT_ROWS=ON (split rows 2-5; perf/NOTES.md v38).
-      timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k "split or presplit or every_configuration_row" \
-        2>&1 | tee "$out/presplit-tests.log" | tail -8
-      GEMMBN_SPLIT_PRESPLIT=2 timeout $(limit 120) python3 -m pytest -q -rs tests/test_fused_gpu.py tests/test_backward_gpu.py \
-        -k "float32 or highest or split" 2>&1 | tee -a "$out/presplit-tests.log" | tail -8
-      timeout $(limit 120) python3 perf/tune_gemm.py --dtypes split --rows 0,2,3,4,5 --rasters 0 --swizzles 0 --iters 20 \
-        --size 16384 4096 4096 --size 8192 8192 8192 --size 4096 4096 4096 --out "$out/tune-presplit.csv" 2>&1 \
-        | tee "$out/tune-presplit.txt" | tail -24
-      timeout $(limit 240) bash perf/ab.sh "$out/presplit-ab" registers:GEMMBN_SPLIT_PRESPLIT=0 \
-        presplit:GEMMBN_SPLIT_PRESPLIT=2 promote8:GEMMBN_SPLIT_PRESPLIT=3 staggered:GEMMBN_SPLIT_PRESPLIT=5 2 -- \
-        perf/bench.py --set kernelbench \
-        --configs fp32 --providers gemmbn,eager --no-compile --iters 20 --out "$out/presplit-ab/bench_{side}_{round}.csv" > "$out/presplit-ab.log" 2>&1
-      python3 perf/ab_summary.py "$out"/presplit-ab/bench_registers_*.csv "$out"/presplit-ab/bench_presplit_*.csv \
-        "$out"/presplit-ab/bench_promote8_*.csv "$out"/presplit-ab/bench_staggered_*.csv \
-        --out "$out/presplit-ab.csv" --note "perf/gpu_session.sh presplit at $GEMMBN_COMMIT" | tee "$out/presplit-ab.md"
-      GEMMBN_SPLIT_PRESPLIT=2 timeout $(limit 60) python3 perf/anatomy.py --dtype float32 --precision highest \
-        --providers gemmbn --iters 10 2>&1 | tee "$out/presplit-anatomy.txt" | tail -12 ;;
+    presplit-rule)
+      # The split rule's evidence (perf/NOTES.md v39): the split rows' GPU tests, the fp32 forward and backward tests
+      # by the rule and with x split before the GEMM everywhere (GEMMBN_SPLIT_ROW=2), tune_gemm over the split rows at
+      # N = 512-8192 and the backward's dW shape, and the KernelBench fp32 forward (A/B, synchronized) and training
+      # step, by the rule against x split in registers (GEMMBN_SPLIT_ROW=0).
+      timeout $(limit 120) python3 -m pytest -q -rs tests/test_native_gpu.py -k "split or presplit or every_configuration_row" \
+        2>&1 | tee "$out/rule-tests.log" | tail -4
+      for forced in "" 2; do
+        GEMMBN_SPLIT_ROW=$forced timeout $(limit 90) python3 -m pytest -q -rs tests/test_fused_gpu.py \
+          tests/test_backward_gpu.py -k "float32 or highest or split" 2>&1 | tee -a "$out/rule-tests.log" | tail -3
+      done
+      timeout $(limit 180) python3 perf/tune_gemm.py --dtypes split --rows 0,2,3 --rasters 0 --swizzles 0 --iters 20 \
+        --size 16384 4096 512 --size 16384 4096 1024 --size 16384 4096 2048 --size 16384 4096 4096 \
+        --size 65536 1024 1024 --size 4096 16384 4096 --size 2048 4096 4096 --size 1024 8192 8192 \
+        --size 4096 4096 8192 --out "$out/tune-rule.csv" 2>&1 | tee "$out/tune-rule.txt" | grep -E "x[0-9]+->| row " | head -60
+      timeout $(limit 120) bash perf/ab.sh "$out/rule-ab" registers:GEMMBN_SPLIT_ROW=0 rule:GEMMBN_SPLIT_ROW= 2 \
+        -- perf/bench.py --set kernelbench --configs fp32 --providers gemmbn,eager --no-compile --iters 20 \
+        --out "$out/rule-ab/bench_{side}_{round}.csv" > "$out/rule-ab.log" 2>&1
+      python3 perf/ab_summary.py "$out"/rule-ab/bench_registers_*.csv "$out"/rule-ab/bench_rule_*.csv \
+        --out "$out/rule-ab.csv" --note "perf/gpu_session.sh presplit-rule at $GEMMBN_COMMIT" | tee "$out/rule-ab.md"
+      for forced in 0 ""; do
+        GEMMBN_SPLIT_ROW=$forced timeout $(limit 45) python3 perf/bench.py --set kernelbench --configs fp32 \
+          --providers gemmbn --no-compile --iters 20 --sync --out "$out/rule-sync-${forced:-rule}.csv" 2>&1 | grep -E "train|eval"
+        GEMMBN_SPLIT_ROW=$forced timeout $(limit 60) python3 perf/train_step.py --sizes "16384 4096 4096" --configs fp32 \
+          --providers gemmbn --modes fwd_bwd --iters 10 --out "$out/rule-step-${forced:-rule}.csv" 2>&1 | tail -3
+      done ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do

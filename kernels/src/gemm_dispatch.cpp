@@ -56,15 +56,16 @@ static_assert(first_row_without_statistics(GemmOperands::tf32) > 0 &&
                   first_row_without_statistics(GemmOperands::bf16) > 0,
               "select_config gives launches without partials a row without the statistics node");
 
-// The split GEMM's row where select_config would take `row`: GEMMBN_SPLIT_PRESPLIT's presplit row if it names one.
-int presplit_row(int row) {
-  static const int chosen = [] {
-    const char* value = std::getenv("GEMMBN_SPLIT_PRESPLIT");
-    const int index = value ? std::atoi(value) : -1;
-    const bool valid = index > 0 && index < kSplitConfigCount && config_at(GemmOperands::f32_split, index).presplit;
+// GEMMBN_SPLIT_ROW: a split row without stream-K that select_config takes wherever it takes one of those (read once
+// per process, for A/B runs of the two mainloops: perf/NOTES.md v39), or -1.
+int forced_split_row() {
+  static const int forced = [] {
+    const char* value = std::getenv("GEMMBN_SPLIT_ROW");
+    const int index = value && *value ? std::atoi(value) : -1;
+    const bool valid = index >= 0 && index < kSplitConfigCount && !config_at(GemmOperands::f32_split, index).stream_k;
     return valid ? index : -1;
   }();
-  return chosen >= 0 ? chosen : row;
+  return forced;
 }
 
 // Bytes of x's fp16 pairs (split_rows's output) for a presplit row.
@@ -91,18 +92,25 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns);
 // - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
 //   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
-// The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row; elsewhere row 0, or where
-// GEMMBN_SPLIT_PRESPLIT names a presplit row (EXPERIMENT, read once per process: perf/NOTES.md v38), that row.
+// The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row (x split in registers); elsewhere
+// from N = 4096 x split before the GEMM (its pass over x costs per row what the faster mainloop saves per column tile:
+// measured at N >= 4096 only), on a 2x1 cluster where it pads nothing; below, x split in registers (row 0).
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
   constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
-  constexpr int kShorterK = 512, kSplitStreamK = 1;
+  constexpr int kShorterK = 512;
+  constexpr int kSplitRegisters = 0, kSplitStreamK = 1, kSplitPresplitPair = 2, kSplitPresplit = 3, kPresplitN = 4096;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int narrow_pair = tf32 ? 8 : 7;  // 64x128 tiles in 2x1 clusters
   const int64_t tiles = tiles_128(M, N);
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
-  if (operands == GemmOperands::f32_split) return tiles < kWave && !short_k ? kSplitStreamK : presplit_row(kWide);
+  if (operands == GemmOperands::f32_split) {
+    if (tiles < kWave && !short_k) return kSplitStreamK;
+    if (forced_split_row() >= 0) return forced_split_row();
+    if (N < kPresplitN) return kSplitRegisters;
+    return pads(kSplitPresplitPair) ? kSplitPresplit : kSplitPresplitPair;
+  }
   if (tiles <= 32 || (tiles <= 64 && short_k)) return kSmall;
   if (tiles < kWave && K >= kShorterK) {
     const TileConfig& narrow = config_at(operands, kOneWave96);

@@ -30,7 +30,7 @@ struct TileConfig {
   int statistics = 1;
   // Split GEMM only: 0: the mainloop splits x in registers (split_f16x3_mainloop.hpp); 1: row_scales splits x into its
   // fp16 pairs before the GEMM (into the launch's workspace) and both operands reach the tensor cores from shared
-  // memory (split_f16x3_presplit_mainloop.hpp); 2: that, the two consumer warpgroups' promotions staggered.
+  // memory (split_f16x3_presplit_mainloop.hpp).
   int presplit = 0;
 };
 
@@ -94,19 +94,17 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 };
 
 // The fp32-faithful split GEMM: 128x128 tiles (the tensor-core group and fp32 accumulators take 128
-// registers per thread), k-tiles of split::kTileK = 32 columns, cooperative only (its mainloop is
+// registers per thread), k-tiles of split::kTileK = 32 columns, cooperative only (its mainloops are
 // written for it); promotion every 4 k-tiles, raster along M with swizzle 4 (perf/NOTES.md, "The
 // configuration tables' evidence"). Row 1 spreads fewer tiles than SMs over every SM along K: the
-// backward's dW = dz^T x has N x K outputs and M-long reductions (perf/NOTES.md, v16).
+// backward's dW = dz^T x has N x K outputs and M-long reductions (perf/NOTES.md, v16). Rows 2-3 take x split
+// before the GEMM (split_rows): its consumers only issue wgmmas, 13-15% faster than row 0 at N >= 4096 with the
+// pass (perf/NOTES.md v39).
 inline constexpr TileConfig kSplitConfigs[] = {
-    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},     // 0: promotion every 128 columns
-    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 1},  // 1: row 0, stream-K
-#if GEMMBN_PRESPLIT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v38): picked only under GEMMBN_SPLIT_PRESPLIT
-    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 0, 1, 1},  // 2: row 0 on x split before the GEMM
-    {128, 128, 32, 1, 1, 32, 0, 1, 4, 8, 0, 1, 1},  // 3: row 2, promotion every 256 columns
-    {128, 128, 32, 2, 1, 32, 0, 1, 4, 4, 0, 1, 1},  // 4: row 2, W multicast to 2 CTAs
-    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 0, 1, 2},  // 5: row 2, the warpgroups' promotions staggered
-#endif
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},           // 0: x split in registers, promotion every 128 columns
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 1},        // 1: row 0, stream-K
+    {128, 128, 32, 2, 1, 32, 0, 1, 4, 4, 0, 1, 1},  // 2: x split before the GEMM, W multicast to 2 CTAs
+    {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 0, 1, 1},  // 3: row 2 without the cluster (where it would pad a tile)
 };
 
 inline constexpr int kTf32ConfigCount = sizeof(kTf32Configs) / sizeof(TileConfig);

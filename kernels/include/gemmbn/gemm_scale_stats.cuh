@@ -44,10 +44,10 @@ struct MainloopFor {
 };
 // The split mainloops (x split in registers, or before the GEMM by split_rows): as many stages as fit beside the
 // epilogue (less 2 KB for the kernel's barriers, scheduler storage and the 1024-byte alignment of the stages).
-// Presplit: configs.h's field (0: x split in registers; 1: x split before; 2: that, with staggered promotions).
+// Presplit: configs.h's field (0: x split in registers; 1: x split before).
 template <int Presplit, int Stages, class Cluster, int TileN, int PromoteTiles>
 using SplitMainloop = cute::conditional_t<
-    Presplit != 0, mainloop::SplitF16x3PresplitMainloop<Stages, Cluster, TileN, PromoteTiles, (Presplit == 2)>,
+    Presplit != 0, mainloop::SplitF16x3PresplitMainloop<Stages, Cluster, TileN, PromoteTiles>,
     mainloop::SplitF16x3Mainloop<Stages, Cluster, TileN, PromoteTiles>>;
 template <class TileShape, class ClusterShape, int EpilogueBytes, int PromoteTiles, int Presplit>
 struct SplitMainloopFor {

@@ -15,7 +15,8 @@
 //   six wgmmas of a k-tile read k-blocks (hi s, hi s), (lo s, hi s), (hi s, lo s) of x and W. Both operands
 //   order their columns alike (split::slice_column), so the products pair the same k.
 // - Promotion as in split_f16x3_mainloop.hpp: PromoteTiles k-tiles on the tensor cores, then into fp32 after the
-//   warpgroup's wgmmas drain. Staggered, one warpgroup drains while the other's wgmmas keep the tensor pipe busy.
+//   warpgroup's wgmmas drain. (Staggering the two warpgroups' drains, or promoting every 8 k-tiles, gained under 1%;
+//   every 8 also doubled the error on hard inputs: perf/NOTES.md v39.)
 #pragma once
 
 #include <cute/arch/cluster_sm90.hpp>
@@ -40,9 +41,8 @@ struct SplitF16x3PresplitArguments {
   float const* x_scale = nullptr;            // [ceil(M / 128) 128] from split_rows: 2^a[m]
 };
 
-// PromoteTiles: k-tiles per fp32 promotion; Stagger: warpgroup 1's first group is half as long, so the two
-// warpgroups drain at different k-tiles.
-template <int Stages, class ClusterShape_, int TileN, int PromoteTiles, bool Stagger>
+// PromoteTiles: k-tiles per fp32 promotion.
+template <int Stages, class ClusterShape_, int TileN, int PromoteTiles>
 struct SplitF16x3PresplitMainloop {
   static constexpr int kTileM = split::kRowBlock;  // two consumer warpgroups of 64 rows
   static constexpr int kTileK = split::kTileK;
@@ -221,9 +221,8 @@ struct SplitF16x3PresplitMainloop {
     PipelineState smem_pipe_release = smem_pipe_read;
     // One promotion group: up to group_tiles k-tiles into acc_group, each k-tile's wgmmas in flight while the next
     // k-tile is waited for and issued.
-    int group_tiles = Stagger && warp_group == 1 ? cute::max(kPromoteTiles / 2, 1) : kPromoteTiles;
     auto run_group = [&] {
-      for (int t = 0; t < group_tiles && k_tile_count > 0; ++t, --k_tile_count) {
+      for (int t = 0; t < kPromoteTiles && k_tile_count > 0; ++t, --k_tile_count) {
         pipeline.consumer_wait(smem_pipe_read);
         if (first_tile) {
           CUTLASS_PRAGMA_UNROLL
@@ -239,7 +238,6 @@ struct SplitF16x3PresplitMainloop {
         }
         holding = true;
       }
-      group_tiles = kPromoteTiles;
     };
     // The warpgroup's wgmmas drain at each group's end: the promotion needs the group's last ones. (Two group
     // accumulators taking turns, the promotion of one beside the other's wgmmas, make ptxas serialize every wgmma:
