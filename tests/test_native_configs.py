@@ -110,13 +110,16 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # 1x2-cluster row for M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16
     # waves; 16-bit K <= 1024 up to 8); row 1 past a wave wherever N <= 1024, K > 4096 and its tiles along N pad
     # nothing; where row 4's cluster pads and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split:
-    # 128x128 without a cluster, its stream-K row (row 1) under a wave of tiles with K > 1024.
+    # 128x128 tiles, its stream-K row (row 1) under a wave of tiles with K > 1024; else from N = 4096 x split before
+    # the GEMM on a 2x1 cluster (row 2; row 3 without it where an odd count of M tiles would pad one), below x split in
+    # registers (row 0).
     rows = debug.gemm_configs(dtype, split)
     layout = lambda r: (r["tile_m"], r["tile_n"], r["pingpong"], r["cluster_m"], r["cluster_n"])  # noqa: E731
     tf32 = dtype == "float32" and not split
     if split:
-        assert layout(rows[0]) == layout(rows[1]) == (128, 128, 0, 1, 1)
-        assert (rows[0]["stream_k"], rows[1]["stream_k"]) == (0, 1)
+        assert layout(rows[0]) == layout(rows[1]) == layout(rows[3]) == (128, 128, 0, 1, 1)
+        assert layout(rows[2]) == (128, 128, 0, 2, 1)
+        assert [r["stream_k"] for r in rows] == [0, 1, 0, 0] and [r["presplit"] for r in rows] == [0, 0, 1, 1]
     else:
         assert layout(rows[0]) == (128, 128, 1, 2, 1)
         assert layout(rows[1]) == ((128, 256, 0, 1, 1) if tf32 else (128, 128, 1, 1, 2))
@@ -207,7 +210,11 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # The split GEMM's stream-K row (the others take row 0): under 132 tiles with K > 1024.
     expected_rows[(1024, 65536, 1024)] = (6, 7)  # TF32 past K = 4096: the stream-K row; 16-bit the pairs
     expected_rows[(1024, 4096, 1024)] = (8, 7)
-    split_row = lambda shape: 1 if _tiles_128(shape[0], shape[2]) < 132 and shape[1] > 1024 else 0  # noqa: E731
+    def split_row(shape):
+        M, K, N = shape
+        if _tiles_128(M, N) < 132 and K > 1024:
+            return 1
+        return 0 if N < 4096 else 3 if -(-M // 128) % 2 else 2
     # Launches without partials (eval, the training forward with its statistics from y): K <= 1024 from a wave of
     # tiles up takes row 0's tile without the statistics node (TF32 row 7, 16-bit row 6) instead of the 64x128 row or
     # row 0, and TF32 takes row 7 wherever it would take row 0; elsewhere the same rows.
