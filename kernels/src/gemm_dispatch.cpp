@@ -108,7 +108,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
   if (operands == GemmOperands::f32_split) {
     if (tiles < kWave && !short_k) return kSplitStreamK;
-    if (forced_split_row() >= 0) return forced_split_row();
+    if (const int forced = forced_split_row(); forced >= 0) return forced;
     if (N < kPresplitN) return kSplitRegisters;
     return pads(kSplitPresplitPair) ? kSplitPresplit : kSplitPresplitPair;
   }

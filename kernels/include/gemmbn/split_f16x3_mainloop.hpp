@@ -178,12 +178,11 @@ struct SplitF16x3Mainloop {
     Tensor gXhalf = get<2>(load_inputs)(_, _, m_coord, _, l_coord);  // (128, 16, 2 kt)
     Tensor gW = get<1>(load_inputs)(_, _, n_coord, _, l_coord);      // (N, 64, kt)
     auto tma_x = params.tma_x.get_slice(0);
-    auto tma_w = params.tma_w.get_slice(block_rank_in_cluster % uint32_t(size<0>(ClusterShape{})));
     Tensor tXgX = tma_x.partition_S(gXhalf);
     Tensor tXsX = tma_x.partition_D(sX);
     load_split_stages<kTileM, ClusterShape>(
-        params, pipeline, smem_pipe_write, tma_w.partition_S(gW), tma_w.partition_D(sW), m_coord,
-        storage.x_scale.data(), k_tile_iter, k_tile_count,
+        params, pipeline, smem_pipe_write, gW, sW, block_rank_in_cluster, m_coord, storage.x_scale.data(),
+        k_tile_iter, k_tile_count,
         [&](auto& barrier, int k_tile, int stage) {
           CUTLASS_PRAGMA_UNROLL
           for (int half = 0; half < split::kSlices; ++half) {

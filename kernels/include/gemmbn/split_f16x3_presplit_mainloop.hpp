@@ -164,12 +164,11 @@ struct SplitF16x3PresplitMainloop {
     Tensor gX = get<0>(load_inputs)(_, _, m_coord, _, l_coord);  // (128, 64, kt)
     Tensor gW = get<1>(load_inputs)(_, _, n_coord, _, l_coord);  // (N, 64, kt)
     auto tma_x = params.tma_x.get_slice(0);
-    auto tma_w = params.tma_w.get_slice(block_rank_in_cluster % uint32_t(size<0>(ClusterShape{})));
     Tensor tXgX = tma_x.partition_S(gX);
     Tensor tXsX = tma_x.partition_D(sX);
     load_split_stages<kTileM, ClusterShape>(
-        params, pipeline, smem_pipe_write, tma_w.partition_S(gW), tma_w.partition_D(sW), m_coord,
-        storage.x_scale.data(), k_tile_iter, k_tile_count,
+        params, pipeline, smem_pipe_write, gW, sW, block_rank_in_cluster, m_coord, storage.x_scale.data(),
+        k_tile_iter, k_tile_count,
         [&](auto& barrier, int k_tile, int stage) {
           copy(params.tma_x.with(barrier), tXgX(_, _, _, k_tile), tXsX(_, _, _, stage));
         });
@@ -219,7 +218,7 @@ struct SplitF16x3PresplitMainloop {
     float scale[2];  // 2^a of rows g, g + 8, read from the tile's first stage
     bool first_tile = true, holding = false;  // holding: a stage whose wgmmas may still run is not yet released
     PipelineState smem_pipe_release = smem_pipe_read;
-    // One promotion group: up to group_tiles k-tiles into acc_group, each k-tile's wgmmas in flight while the next
+    // One promotion group: up to kPromoteTiles k-tiles into acc_group, each k-tile's wgmmas in flight while the next
     // k-tile is waited for and issued.
     auto run_group = [&] {
       for (int t = 0; t < kPromoteTiles && k_tile_count > 0; ++t, --k_tile_count) {
