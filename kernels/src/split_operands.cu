@@ -38,6 +38,9 @@ __device__ float block_max(float v, float* scratch) {
 
 // One block's row t[0, K): s = 2^e from max_k |t[k]|, then 2^e t -> (hi, lo) pairs in the mainloop's order into
 // out (split_columns(K) fp16); returns s and 1/s to every thread.
+// A thread splits one k-slice (16 columns: hi words 8 s' .. 8 s' + 7 of its k-tile, lo 16 words on) and trades half
+// its words with its lane partner, the tile's other slice, so that each store instruction writes whole 32-byte
+// sectors: 4-byte stores ran this kernel at ~80% of a copy (perf/NOTES.md v39, v40).
 __device__ void split_row(const float* row, int K, __half* out_row, float* scratch, float& scale, float& unscale) {
   const int vectors = K / 4;
   float max_abs = 0.f;
@@ -47,15 +50,43 @@ __device__ void split_row(const float* row, int K, __half* out_row, float* scrat
   }
   split::pow2_scale(block_max(max_abs, scratch), scale, unscale);
 
-  uint32_t* out = reinterpret_cast<uint32_t*>(out_row);
-  const int padded_vectors = static_cast<int>(split::split_columns(K) / 2 / 4);  // k-tiles x kVectorsPerTile
-  for (int i = threadIdx.x; i < padded_vectors; i += kThreads) {
-    const float4 v = i < vectors ? reinterpret_cast<const float4*>(row)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    const int tile = i / kVectorsPerTile, slice = (i % kVectorsPerTile) / 4, quad = i % 4;
-    const int hi_at = (tile * 2 * split::kTileK + slice * split::kSliceK + 2 * quad) / 2;  // in fp16 pairs
-    const int lo_at = hi_at + split::kTileK / 2;
-    split::split_pair(v.x * scale, v.y * scale, out[hi_at], out[lo_at]);
-    split::split_pair(v.z * scale, v.w * scale, out[hi_at + 4], out[lo_at + 4]);  // positions 2q + 8, 2q + 9
+  static_assert(split::kSlices == 2 && split::kSliceK == 16, "a lane pair holds one k-tile, a float4 quad per slice");
+  uint4* out = reinterpret_cast<uint4*>(out_row);  // 8 uint4 per k-tile: hi words 0-15, lo words 16-31
+  const int slices = static_cast<int>(split::split_columns(K) / split::kSliceK / 2);  // k-tiles x kSlices
+  const bool second = threadIdx.x % 2;  // the tile's second slice; its partner is lane ^ 1
+  // Block-uniform trips: every lane of a warp shuffles the same number of times.
+  for (int base = 0; base < slices; base += kThreads) {
+    const int i = base + threadIdx.x;  // slice, so k-tile i / 2; the pair's lanes are in or out together
+    uint32_t hi[8], lo[8];  // words 8 (i % 2) + w of the tile: columns 4q, 4q + 1 at w = q, 4q + 2, 4q + 3 at q + 4
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int vector = 4 * i + q;
+      const float4 v = i < slices && vector < vectors ? reinterpret_cast<const float4*>(row)[vector]
+                                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+      split::split_pair(v.x * scale, v.y * scale, hi[q], lo[q]);
+      split::split_pair(v.z * scale, v.w * scale, hi[q + 4], lo[q + 4]);
+    }
+    // Each lane keeps the four words of each half it stores itself and sends its partner the four that lane stores:
+    // uint4 j of a half holds words 4j .. 4j + 3, the first slice's 0-3 and 4-7 at j = 0, 1, the second's at 2, 3.
+    uint32_t hi_kept[4], lo_kept[4], hi_got[4], lo_got[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      hi_kept[w] = second ? hi[w + 4] : hi[w];  // selects, not a computed index: the arrays stay in registers
+      lo_kept[w] = second ? lo[w + 4] : lo[w];
+      hi_got[w] = __shfl_xor_sync(0xffffffff, second ? hi[w] : hi[w + 4], 1);
+      lo_got[w] = __shfl_xor_sync(0xffffffff, second ? lo[w] : lo[w + 4], 1);
+    }
+    if (i >= slices) continue;
+    uint4* tile = out + (i / 2) * 8;
+    const uint4 hi_own = make_uint4(hi_kept[0], hi_kept[1], hi_kept[2], hi_kept[3]);
+    const uint4 hi_partner = make_uint4(hi_got[0], hi_got[1], hi_got[2], hi_got[3]);
+    const uint4 lo_own = make_uint4(lo_kept[0], lo_kept[1], lo_kept[2], lo_kept[3]);
+    const uint4 lo_partner = make_uint4(lo_got[0], lo_got[1], lo_got[2], lo_got[3]);
+    // The pair writes uint4s 0, 1 (the first slice's words) then 2, 3: one 32-byte sector per store instruction.
+    tile[second] = second ? hi_partner : hi_own;
+    tile[2 + second] = second ? hi_own : hi_partner;
+    tile[4 + second] = second ? lo_partner : lo_own;
+    tile[6 + second] = second ? lo_own : lo_partner;
   }
 }
 

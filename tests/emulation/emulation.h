@@ -154,15 +154,18 @@ inline grid_group this_grid() { return {}; }
 }  // namespace cooperative_groups
 
 // __shfl_xor_sync for a kernel that shuffles uniformly across the block (every thread, the same number of times).
-inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
-  static float exchange[1024];  // a value per thread of the block
+template <class T>
+T shuffle_xor(T v, int lane_mask) {
+  static T exchange[1024];  // a value per thread of the block
   const unsigned t = emulation::thread_index.x;
   exchange[t] = v;
   emulation::sync_block();
-  const float partner = exchange[(t & ~31u) | ((t % 32) ^ static_cast<unsigned>(lane_mask))];
+  const T partner = exchange[(t & ~31u) | ((t % 32) ^ static_cast<unsigned>(lane_mask))];
   emulation::sync_block();  // every partner is read before the next shuffle writes
   return partner;
 }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) { return shuffle_xor(v, lane_mask); }
+inline unsigned __shfl_xor_sync(unsigned, unsigned v, int lane_mask) { return shuffle_xor(v, lane_mask); }
 inline unsigned atomicMax(unsigned* address, unsigned v) {
   std::atomic_ref<unsigned> word(*address);
   unsigned old = word.load();
