@@ -304,13 +304,15 @@ for name in $steps; do
         | tee "$out/tune-threshold.txt" | grep -E "x[0-9]+->| row " | head -40
       if [[ -n ${GEMMBN_AB_BASE:-} ]]; then
         timeout $(limit 150) bash perf/ab.sh "$out/pass-ab" "$GEMMBN_AB_BASE" head:GEMMBN_SPLIT_ROW= 2 \
-          -- perf/anatomy.py --dtype float32 --precision highest --providers gemmbn --iters 20 > "$out/pass-ab.log" 2>&1
+          -- perf/anatomy.py --dtype float32 --precision highest --providers gemmbn --iters 20 \
+          > "$out/pass-ab.log" 2>&1
         grep -H -E "split_rows|span" "$out"/pass-ab/*.txt
         timeout $(limit 120) bash perf/ab.sh "$out/bench-ab" "$GEMMBN_AB_BASE" head:GEMMBN_SPLIT_ROW= 2 \
           -- perf/bench.py --set kernelbench --configs fp32 --providers gemmbn,eager --no-compile --iters 20 \
           --out "$out/bench-ab/bench_{side}_{round}.csv" > "$out/bench-ab.log" 2>&1
-        python3 perf/ab_summary.py "$out/bench-ab/bench_$(basename "$GEMMBN_AB_BASE")"_*.csv "$out"/bench-ab/bench_head_*.csv --out "$out/pass-ab.csv" \
-          --note "perf/gpu_session.sh split-pass at $GEMMBN_COMMIT" | tee "$out/pass-ab.md"
+        base=$(basename "$GEMMBN_AB_BASE")
+        python3 perf/ab_summary.py "$out/bench-ab/bench_${base}"_*.csv "$out"/bench-ab/bench_head_*.csv \
+          --out "$out/pass-ab.csv" --note "perf/gpu_session.sh split-pass at $GEMMBN_COMMIT" | tee "$out/pass-ab.md"
       fi ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
