@@ -51,10 +51,10 @@
 #                     (flow-cost.txt); other cases by GEMMBN_FLOW_COST_CASES="M K N dtype;..."
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
-#   split-pass        x's split before the GEMM (perf/NOTES.md v40): the split tests, tune_gemm's split rows 0 and 2
-#                     between N = 512 and 1024 (the rule's threshold), and with GEMMBN_AB_BASE=<folder holding an
-#                     earlier build's _operators.so> perf/anatomy.py's fp32 kernels and the KernelBench fp32 forward
-#                     against it (perf/ab.sh, two rounds)
+#   split-pass        x's split before the GEMM (perf/NOTES.md v40): the split tests; with GEMMBN_AB_BASE=<folder
+#                     holding an earlier build's _operators.so> perf/anatomy.py's fp32 kernels and the KernelBench fp32
+#                     forward against it (perf/ab.sh, two rounds); then tune_gemm's split rows 0 and 2 between N = 512
+#                     and 1024 (the rule's threshold)
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -298,10 +298,6 @@ for name in $steps; do
     split-pass)
       timeout $(limit 120) python3 -m pytest -q -rs tests/test_native_gpu.py tests/test_fused_gpu.py \
         -k "split or presplit or highest" 2>&1 | tee "$out/split-tests.log" | tail -3
-      timeout $(limit 150) python3 perf/tune_gemm.py --dtypes split --rows 0,2 --rasters 0 --swizzles 0 --iters 20 \
-        --size 16384 4096 512 --size 16384 4096 640 --size 16384 4096 768 --size 16384 4096 896 \
-        --size 16384 4096 1024 --size 4096 4096 768 --out "$out/tune-threshold.csv" 2>&1 \
-        | tee "$out/tune-threshold.txt" | grep -E "x[0-9]+->| row " | head -40
       if [[ -n ${GEMMBN_AB_BASE:-} ]]; then
         timeout $(limit 150) bash perf/ab.sh "$out/pass-ab" "$GEMMBN_AB_BASE" head:GEMMBN_SPLIT_ROW= 2 \
           -- perf/anatomy.py --dtype float32 --precision highest --providers gemmbn --iters 20 \
@@ -313,7 +309,12 @@ for name in $steps; do
         base=$(basename "$GEMMBN_AB_BASE")
         python3 perf/ab_summary.py "$out/bench-ab/bench_${base}"_*.csv "$out"/bench-ab/bench_head_*.csv \
           --out "$out/pass-ab.csv" --note "perf/gpu_session.sh split-pass at $GEMMBN_COMMIT" | tee "$out/pass-ab.md"
-      fi ;;
+      fi
+      timeout $(limit 150) python3 perf/tune_gemm.py --dtypes split --rows 0,2 --rasters 0 --swizzles 0 --iters 20 \
+        --size 16384 4096 512 --size 16384 4096 640 --size 16384 4096 768 --size 16384 4096 896 \
+        --size 16384 4096 1024 --size 4096 4096 768 --out "$out/tune-threshold.csv" 2>&1 \
+        | tee "$out/tune-threshold.txt" | grep -E "x[0-9]+->| row " | head -40
+      ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do
