@@ -36,22 +36,27 @@ __device__ float block_max(float v, float* scratch) {
   return v;
 }
 
-// One block's row t[0, K): s = 2^e from max_k |t[k]|, then 2^e t -> (hi, lo) pairs in the mainloop's order into
-// out (split_columns(K) fp16); returns s and 1/s to every thread.
-// A thread splits one k-slice (16 columns: hi words 8 s' .. 8 s' + 7 of its k-tile, lo 16 words on) and trades half
-// its words with its lane partner, the tile's other slice, so that each store instruction writes whole 32-byte
-// sectors: 4-byte stores ran this kernel at ~80% of a copy (perf/NOTES.md v39, v40).
-__device__ void split_row(const float* row, int K, __half* out_row, float* scratch, float& scale, float& unscale) {
+// 2^e t[0, K) -> (hi, lo) pairs in the mainloop's order into out (split_columns(K) fp16), a float4 per thread:
+// four 4-byte stores, each instruction of a warp filling halves of 32-byte sectors (~80% of a copy, NOTES v39).
+__device__ void split_by_vectors(const float* row, int K, float scale, uint32_t* out) {
   const int vectors = K / 4;
-  float max_abs = 0.f;
-  for (int i = threadIdx.x; i < vectors; i += kThreads) {
-    const float4 v = reinterpret_cast<const float4*>(row)[i];
-    max_abs = fmaxf(max_abs, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  const int padded_vectors = static_cast<int>(split::split_columns(K) / 2 / 4);  // k-tiles x kVectorsPerTile
+  for (int i = threadIdx.x; i < padded_vectors; i += kThreads) {
+    const float4 v = i < vectors ? reinterpret_cast<const float4*>(row)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    const int tile = i / kVectorsPerTile, slice = (i % kVectorsPerTile) / 4, quad = i % 4;
+    const int hi_at = (tile * 2 * split::kTileK + slice * split::kSliceK + 2 * quad) / 2;  // in fp16 pairs
+    const int lo_at = hi_at + split::kTileK / 2;
+    split::split_pair(v.x * scale, v.y * scale, out[hi_at], out[lo_at]);
+    split::split_pair(v.z * scale, v.w * scale, out[hi_at + 4], out[lo_at + 4]);  // positions 2q + 8, 2q + 9
   }
-  split::pow2_scale(block_max(max_abs, scratch), scale, unscale);
+}
 
+// The same pairs, a k-slice (16 columns: hi words 8 s' .. 8 s' + 7 of its k-tile, lo 16 words on) per thread: it
+// trades half its words with its lane partner, the tile's other slice, so that each store instruction writes whole
+// 32-byte sectors (perf/NOTES.md v40). Off unless built with GEMMBN_SPLIT_SECTOR_STORES: not yet run on a GPU.
+__device__ void split_by_slices(const float* row, int K, float scale, uint4* out) {
   static_assert(split::kSlices == 2 && split::kSliceK == 16, "a lane pair holds one k-tile, a float4 quad per slice");
-  uint4* out = reinterpret_cast<uint4*>(out_row);  // 8 uint4 per k-tile: hi words 0-15, lo words 16-31
+  const int vectors = K / 4;
   const int slices = static_cast<int>(split::split_columns(K) / split::kSliceK / 2);  // k-tiles x kSlices
   const bool second = threadIdx.x % 2;  // the tile's second slice; its partner is lane ^ 1
   // Block-uniform trips: every lane of a warp shuffles the same number of times.
@@ -77,7 +82,7 @@ __device__ void split_row(const float* row, int K, __half* out_row, float* scrat
       lo_got[w] = __shfl_xor_sync(0xffffffff, second ? lo[w] : lo[w + 4], 1);
     }
     if (i >= slices) continue;
-    uint4* tile = out + (i / 2) * 8;
+    uint4* tile = out + (i / 2) * 8;  // 8 uint4 per k-tile: hi words 0-15, lo words 16-31
     const uint4 hi_own = make_uint4(hi_kept[0], hi_kept[1], hi_kept[2], hi_kept[3]);
     const uint4 hi_partner = make_uint4(hi_got[0], hi_got[1], hi_got[2], hi_got[3]);
     const uint4 lo_own = make_uint4(lo_kept[0], lo_kept[1], lo_kept[2], lo_kept[3]);
@@ -87,6 +92,27 @@ __device__ void split_row(const float* row, int K, __half* out_row, float* scrat
     tile[2 + second] = second ? hi_own : hi_partner;
     tile[4 + second] = second ? lo_partner : lo_own;
     tile[6 + second] = second ? lo_own : lo_partner;
+  }
+}
+
+#ifndef GEMMBN_SPLIT_SECTOR_STORES
+#define GEMMBN_SPLIT_SECTOR_STORES 0
+#endif
+
+// One block's row t[0, K): s = 2^e from max_k |t[k]|, then 2^e t -> (hi, lo) pairs in the mainloop's order into
+// out (split_columns(K) fp16); returns s and 1/s to every thread.
+__device__ void split_row(const float* row, int K, __half* out_row, float* scratch, float& scale, float& unscale) {
+  const int vectors = K / 4;
+  float max_abs = 0.f;
+  for (int i = threadIdx.x; i < vectors; i += kThreads) {
+    const float4 v = reinterpret_cast<const float4*>(row)[i];
+    max_abs = fmaxf(max_abs, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+  split::pow2_scale(block_max(max_abs, scratch), scale, unscale);
+  if constexpr (GEMMBN_SPLIT_SECTOR_STORES) {
+    split_by_slices(row, K, scale, reinterpret_cast<uint4*>(out_row));
+  } else {
+    split_by_vectors(row, K, scale, reinterpret_cast<uint32_t*>(out_row));
   }
 }
 
