@@ -51,8 +51,7 @@
 #                     (flow-cost.txt); other cases by GEMMBN_FLOW_COST_CASES="M K N dtype;..."
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
-#   split-pass        x's split before the GEMM (perf/NOTES.md v40; carry a -DGEMMBN_SPLIT_SECTOR_STORES=ON build as
-#                     python/gemmbn/_operators.so to time that experiment): the split tests; with GEMMBN_AB_BASE=<folder
+#   split-pass        x's split before the GEMM (perf/NOTES.md v40, v41): the split tests; with GEMMBN_AB_BASE=<folder
 #                     holding an earlier build's _operators.so> perf/anatomy.py's fp32 kernels and the KernelBench fp32
 #                     forward against it (perf/ab.sh, two rounds); then tune_gemm's split rows 0 and 2 between N = 512
 #                     and 1024 (the rule's threshold)

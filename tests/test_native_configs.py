@@ -110,7 +110,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # 1x2-cluster row for M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16
     # waves; 16-bit K <= 1024 up to 8); row 1 past a wave wherever N <= 1024, K > 4096 and its tiles along N pad
     # nothing; where row 4's cluster pads and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split:
-    # 128x128 tiles, its stream-K row (row 1) under a wave of tiles with K > 1024; else from N = 1024 x split before
+    # 128x128 tiles, its stream-K row (row 1) under a wave of tiles with K > 1024; else from N = 768 x split before
     # the GEMM on a 2x1 cluster (row 2; row 3 without it where an odd count of M tiles would pad one), below x split in
     # registers (row 0).
     rows = debug.gemm_configs(dtype, split)
@@ -186,6 +186,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (8192, 8192, 1024): (1, 1),
         (8192, 4096, 1024): (0, 0),  # K = 4096: measured at 8192 only
         (16384, 8192, 640): (0, 0),  # 5 tiles along N: row 1's would pad
+        (16384, 4096, 768): (0, 0),  # the split GEMM's first N with x split before it
         (16384, 8192, 1280): (0, 0),  # N past 1024
         (16384, 2048, 512): (0, 0),  # K under 4096
         (4352, 1024, 1024): (0, 2),  # 272 tiles: past two waves; 16-bit up to 8 waves at K <= 1024
@@ -214,7 +215,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
         M, K, N = shape
         if _tiles_128(M, N) < 132 and K > 1024:
             return 1
-        return 0 if N < 1024 else 3 if -(-M // 128) % 2 else 2
+        return 0 if N < 768 else 3 if -(-M // 128) % 2 else 2
     # Launches without partials (eval, the training forward with its statistics from y): K <= 1024 from a wave of
     # tiles up takes row 0's tile without the statistics node (TF32 row 7, 16-bit row 6) instead of the 64x128 row or
     # row 0, and TF32 takes row 7 wherever it would take row 0; elsewhere the same rows.

@@ -3,15 +3,11 @@ runs them: split_columns' column maxima and tiled split against split_weight's k
 row_scales's split of x against split_weight's kernel on x, bit for bit (tests/emulation/split_columns_emulated.cpp
 has the cases). The GPU tests check the same on the device."""
 
-import pytest
 from _emulation import ROOT, build_and_run, kernels_only
 
 KERNELS = ROOT / "kernels" / "src"
 
 
-# split_row's two ways of storing the pairs (CMake GEMMBN_SPLIT_SECTOR_STORES): each against split_columns' own order.
-@pytest.mark.parametrize("sector_stores", [0, 1])
-def test_split_columns_and_split_rows_are_split_weight_on_the_cpu(tmp_path, sector_stores):
-    define = f"#define GEMMBN_SPLIT_SECTOR_STORES {sector_stores}\n"
-    sources = {"split_operands_source.cpp": define + kernels_only(KERNELS / "split_operands.cu")}
+def test_split_columns_and_split_rows_are_split_weight_on_the_cpu(tmp_path):
+    sources = {"split_operands_source.cpp": kernels_only(KERNELS / "split_operands.cu")}
     build_and_run(tmp_path, "split_columns_emulated.cpp", sources, expected_cases=9)

@@ -93,15 +93,15 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
 //   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
 // The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row (x split in registers); elsewhere
-// from N = 1024 x split before the GEMM, on a 2x1 cluster where it pads nothing; below, x split in registers (row 0):
-// the pass over x costs per row what the faster mainloop saves per column tile, 4% more at N = 512, 5-17% less from
-// N = 1024 (perf/NOTES.md v39).
+// from N = 768 x split before the GEMM, on a 2x1 cluster where it pads nothing; below, x split in registers (row 0):
+// the pass over x costs per row what the faster mainloop saves per column tile, 2-6% more up to N = 640, level to 7%
+// less at N = 768 and 2-17% less from N = 896 (perf/NOTES.md v39, v41).
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
   constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
   constexpr int kShorterK = 512;
-  constexpr int kSplitRegisters = 0, kSplitStreamK = 1, kSplitPresplitPair = 2, kSplitPresplit = 3, kPresplitN = 1024;
+  constexpr int kSplitRegisters = 0, kSplitStreamK = 1, kSplitPresplitPair = 2, kSplitPresplit = 3, kPresplitN = 768;
   const bool tf32 = operands == GemmOperands::tf32, short_k = K <= kShortK;
   const int narrow_pair = tf32 ? 8 : 7;  // 64x128 tiles in 2x1 clusters
   const int64_t tiles = tiles_128(M, N);

@@ -36,24 +36,10 @@ __device__ float block_max(float v, float* scratch) {
   return v;
 }
 
-// 2^e t[0, K) -> (hi, lo) pairs in the mainloop's order into out (split_columns(K) fp16), a float4 per thread:
-// four 4-byte stores, each instruction of a warp filling halves of 32-byte sectors (~80% of a copy, NOTES v39).
-__device__ void split_by_vectors(const float* row, int K, float scale, uint32_t* out) {
-  const int vectors = K / 4;
-  const int padded_vectors = static_cast<int>(split::split_columns(K) / 2 / 4);  // k-tiles x kVectorsPerTile
-  for (int i = threadIdx.x; i < padded_vectors; i += kThreads) {
-    const float4 v = i < vectors ? reinterpret_cast<const float4*>(row)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    const int tile = i / kVectorsPerTile, slice = (i % kVectorsPerTile) / 4, quad = i % 4;
-    const int hi_at = (tile * 2 * split::kTileK + slice * split::kSliceK + 2 * quad) / 2;  // in fp16 pairs
-    const int lo_at = hi_at + split::kTileK / 2;
-    split::split_pair(v.x * scale, v.y * scale, out[hi_at], out[lo_at]);
-    split::split_pair(v.z * scale, v.w * scale, out[hi_at + 4], out[lo_at + 4]);  // positions 2q + 8, 2q + 9
-  }
-}
-
-// The same pairs, a k-slice (16 columns: hi words 8 s' .. 8 s' + 7 of its k-tile, lo 16 words on) per thread: it
-// trades half its words with its lane partner, the tile's other slice, so that each store instruction writes whole
-// 32-byte sectors (perf/NOTES.md v40). Off unless built with GEMMBN_SPLIT_SECTOR_STORES: not yet run on a GPU.
+// 2^e t[0, K) -> (hi, lo) pairs in the mainloop's order into out (split_columns(K) fp16), a k-slice (16 columns: hi
+// words 8 s' .. 8 s' + 7 of its k-tile, lo 16 words on) per thread: it trades half its words with its lane partner, the
+// tile's other slice, so that each store instruction writes whole 32-byte sectors (227 -> 186 us at the KernelBench
+// shape on an H100 against a float4 per thread and 4-byte stores: perf/NOTES.md v41).
 __device__ void split_by_slices(const float* row, int K, float scale, uint4* out) {
   static_assert(split::kSlices == 2 && split::kSliceK == 16, "a lane pair holds one k-tile, a float4 quad per slice");
   const int vectors = K / 4;
@@ -95,10 +81,6 @@ __device__ void split_by_slices(const float* row, int K, float scale, uint4* out
   }
 }
 
-#ifndef GEMMBN_SPLIT_SECTOR_STORES
-#define GEMMBN_SPLIT_SECTOR_STORES 0
-#endif
-
 // One block's row t[0, K): s = 2^e from max_k |t[k]|, then 2^e t -> (hi, lo) pairs in the mainloop's order into
 // out (split_columns(K) fp16); returns s and 1/s to every thread.
 __device__ void split_row(const float* row, int K, __half* out_row, float* scratch, float& scale, float& unscale) {
@@ -109,11 +91,7 @@ __device__ void split_row(const float* row, int K, __half* out_row, float* scrat
     max_abs = fmaxf(max_abs, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
   split::pow2_scale(block_max(max_abs, scratch), scale, unscale);
-  if constexpr (GEMMBN_SPLIT_SECTOR_STORES) {
-    split_by_slices(row, K, scale, reinterpret_cast<uint4*>(out_row));
-  } else {
-    split_by_vectors(row, K, scale, reinterpret_cast<uint32_t*>(out_row));
-  }
+  split_by_slices(row, K, scale, reinterpret_cast<uint4*>(out_row));
 }
 
 // One block per row n: weight_unscale[n] = 2^-b[n] and 2^b[n] W[n, :] as pairs (split_row).

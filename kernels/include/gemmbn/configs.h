@@ -98,8 +98,8 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 // written for it); promotion every 4 k-tiles, raster along M with swizzle 4 (perf/NOTES.md, "The
 // configuration tables' evidence"). Row 1 spreads fewer tiles than SMs over every SM along K: the
 // backward's dW = dz^T x has N x K outputs and M-long reductions (perf/NOTES.md, v16). Rows 2-3 take x split
-// before the GEMM (split_rows): its consumers only issue wgmmas, 5-17% faster than row 0 from N = 1024 with the pass
-// (perf/NOTES.md v39).
+// before the GEMM (split_rows): its consumers only issue wgmmas, level to 17% faster than row 0 from N = 768 with the
+// pass (perf/NOTES.md v39, v41).
 inline constexpr TileConfig kSplitConfigs[] = {
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},           // 0: x split in registers, promotion every 128 columns
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 1},        // 1: row 0, stream-K
