@@ -55,6 +55,10 @@
 #                     holding an earlier build's _operators.so> perf/anatomy.py's fp32 kernels and the KernelBench fp32
 #                     forward against it (perf/ab.sh, two rounds); then tune_gemm's split rows 0 and 2 between N = 512
 #                     and 1024 (the rule's threshold)
+#   wide-tiles        16-bit tiles larger than 128x128 without the statistics node (perf/NOTES.md v42; carry a
+#                     -DGEMMBN_NO_STATISTICS_ROWS=ON build as python/gemmbn/_operators.so): every row's GPU test,
+#                     then tune_gemm --no-stats over rows 0, 6, 9 (cooperative 256x128, nvjet's tile) and 10 (ping-pong
+#                     128x192, QuACK's) at the long-K and wide shapes where the H100 trails (GEMMBN_TUNE_SIZES to change)
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -315,6 +319,14 @@ for name in $steps; do
         --size 16384 4096 1024 --size 4096 4096 768 --out "$out/tune-threshold.csv" 2>&1 \
         | tee "$out/tune-threshold.txt" | grep -E "x[0-9]+->| row " | head -40
       ;;
+    wide-tiles)
+      timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
+        | tee "$out/wide-tests.log" | tail -3
+      IFS=';' read -r -a sizes <<< "${GEMMBN_TUNE_SIZES:-4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192}"
+      size_args=(); for size in "${sizes[@]}"; do size_args+=(--size $size); done
+      timeout $(limit 240) python3 perf/tune_gemm.py --dtypes bfloat16 --no-stats --rows 0,6,9,10 --rasters 0 \
+        --swizzles 0 --iters 20 "${size_args[@]}" --out "$out/tune-wide.csv" 2>&1 | tee "$out/tune-wide.txt" \
+        | awk '/:/{c=0} {c++; if (c<=7) print}' ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do

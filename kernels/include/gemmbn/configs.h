@@ -90,6 +90,7 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 #if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
     {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 8: row 6 with 32-column subtiles
     {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 9: cooperative 256x128, x multicast (cuBLAS's nvjet tile)
+    {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 10: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v42)
 #endif
 };
 
