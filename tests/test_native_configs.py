@@ -1,12 +1,19 @@
 """The configuration tables (gemmbn.debug over torch.ops.gemmbn_debug), without a GPU (runs wherever the operators
 are built, CI too)."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from gemmbn import _native
 from gemmbn import debug
 
+PYTHON_DIR = Path(debug.__file__).resolve().parents[1]  # holds the gemmbn this process imported (conftest.py)
 _REASON = _native.load_operators()
 if _REASON is not None and "is missing" in _REASON:
     pytest.skip(f"the operators are not built ({_REASON})", allow_module_level=True)
@@ -286,6 +293,32 @@ def test_statistics_source_override(monkeypatch):
         assert debug.train_statistics_from_y(dtype, 128, 512, 4096, split)
         monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")
         assert not debug.train_statistics_from_y(dtype, 16384, 8192, 512, split)
+
+
+def test_plain_row_override_takes_launches_without_partials_only():
+    """GEMMBN_PLAIN_ROW (read once per process, so checked in fresh ones): a row without the statistics node of a table
+    replaces that table's rule for launches without partials past the small and one-wave rows; launches with partials,
+    those rows, the split GEMM and tables without such a row keep the rule."""
+    # Past a wave (16384x4096->4096, 4096x1024->1024), small (128x1024->512) and one wave (1024x4096->1024, 64 tiles).
+    shapes = [(16384, 4096, 4096), (4096, 1024, 1024), (128, 1024, 512), (1024, 4096, 1024)]
+    launches = [(dtype, split, statistics, shape) for dtype, split in (("bfloat16", False), ("float32", False),
+                ("float32", True)) for statistics in (True, False) for shape in shapes]  # fmt: skip
+    probe = ("import json; from gemmbn import debug; print(json.dumps([debug.gemm_selected_config(d, M, N, K, split, "
+             f"statistics) for d, split, statistics, (M, K, N) in {launches}]))")
+    def selected(value: str) -> list[int]:
+        env = {**os.environ, "GEMMBN_PLAIN_ROW": value}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), os.environ.get("PYTHONPATH")]))
+        ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+        assert ran.returncode == 0, ran.stderr
+        return json.loads(ran.stdout)
+    plain = {dtype: {i for i, r in enumerate(debug.gemm_configs(dtype)) if not r["statistics"]}
+             for dtype in ("bfloat16", "float32")}  # fmt: skip
+    rule = selected("")
+    assert rule == [debug.gemm_selected_config(d, M, N, K, split, st) for d, split, st, (M, K, N) in launches]
+    for value in sorted(plain["bfloat16"] | plain["float32"] | {0, 99}):  # 0: a row with the node; 99: no row
+        expected = [value if not split and not statistics and value in plain[dtype] and _tiles_128(M, N) >= 132
+                    else by_rule for (dtype, split, statistics, (M, K, N)), by_rule in zip(launches, rule)]  # fmt: skip
+        assert selected(str(value)) == expected, value
 
 
 def test_statistics_source_rule(monkeypatch):

@@ -56,16 +56,27 @@ static_assert(first_row_without_statistics(GemmOperands::tf32) > 0 &&
                   first_row_without_statistics(GemmOperands::bf16) > 0,
               "select_config gives launches without partials a row without the statistics node");
 
-// GEMMBN_SPLIT_ROW: a split row without stream-K that select_config takes wherever it takes one of those (read once
-// per process, for A/B runs of the two mainloops: perf/NOTES.md v39), or -1.
+// A row index from the environment for A/B runs (the caller reads it once per process), or -1 where unset.
+int row_from_environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::atoi(value) : -1;
+}
+
+// GEMMBN_SPLIT_ROW: a split row without stream-K that select_config takes wherever it takes one of those (for A/B runs
+// of the two mainloops: perf/NOTES.md v39), or -1.
 int forced_split_row() {
-  static const int forced = [] {
-    const char* value = std::getenv("GEMMBN_SPLIT_ROW");
-    const int index = value && *value ? std::atoi(value) : -1;
-    const bool valid = index >= 0 && index < kSplitConfigCount && !config_at(GemmOperands::f32_split, index).stream_k;
-    return valid ? index : -1;
-  }();
-  return forced;
+  static const int index = row_from_environment("GEMMBN_SPLIT_ROW");
+  const bool valid = index >= 0 && index < kSplitConfigCount && !config_at(GemmOperands::f32_split, index).stream_k;
+  return valid ? index : -1;
+}
+
+// GEMMBN_PLAIN_ROW: a row without the statistics node of this table that select_config takes for launches without
+// partials (eval, a training forward with its statistics from y) past the small and one-wave rows (for A/B runs of
+// wider tiles, such as GEMMBN_NO_STATISTICS_ROWS's: perf/NOTES.md v42), or -1 where unset or not such a row.
+int forced_plain_row(GemmOperands operands) {
+  static const int index = row_from_environment("GEMMBN_PLAIN_ROW");
+  const bool valid = index >= 0 && index < config_count(operands) && config_at(operands, index).statistics == 0;
+  return valid ? index : -1;
 }
 
 // Bytes of x's fp16 pairs (split_rows's output) for a presplit row.
@@ -128,6 +139,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }
+  if (const int forced = statistics ? -1 : forced_plain_row(operands); forced >= 0) return forced;
   const int wide = statistics ? kWide : first_row_without_statistics(operands);
   if (!statistics && short_k && tiles >= kWave) return wide;
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
