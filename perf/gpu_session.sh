@@ -324,15 +324,15 @@ for name in $steps; do
     wide-tiles)
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
         | tee "$out/wide-tests.log" | tail -3
-      IFS=';' read -r -a sizes <<< "${GEMMBN_TUNE_SIZES:-4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192}"
-      size_args=(); for size in "${sizes[@]}"; do size_args+=(--size $size); done
+      sizes=${GEMMBN_TUNE_SIZES:-4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192}
+      IFS=';' read -r -a shapes <<< "$sizes"
+      size_args=(); for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
       timeout $(limit 240) python3 perf/tune_gemm.py --dtypes bfloat16 --no-stats --rows 0,6,9,10 --rasters 0 \
         --swizzles 0 --iters 20 "${size_args[@]}" --out "$out/tune-wide.csv" 2>&1 | tee "$out/tune-wide.txt" \
         | awk '/:/{c=0} {c++; if (c<=7) print}'
-      sizes_arg=$(IFS=';'; echo "${sizes[*]}")
       timeout $(limit 200) bash perf/ab.sh "$out/wide-ab" rule:GEMMBN_PLAIN_ROW= ypass:GEMMBN_STATISTICS_SOURCE=y \
         coop256:GEMMBN_STATISTICS_SOURCE=y,GEMMBN_PLAIN_ROW=9 pp192:GEMMBN_STATISTICS_SOURCE=y,GEMMBN_PLAIN_ROW=10 2 \
-        -- perf/bench.py --sizes "$sizes_arg" --configs bf16 --providers gemmbn,eager --no-compile --iters 20 \
+        -- perf/bench.py --sizes "$sizes" --configs bf16 --providers gemmbn,eager --no-compile --iters 20 \
         --out "$out/wide-ab/bench_{side}_{round}.csv" > "$out/wide-ab.log" 2>&1
       python3 perf/ab_summary.py "$out"/wide-ab/bench_rule_*.csv "$out"/wide-ab/bench_ypass_*.csv \
         "$out"/wide-ab/bench_coop256_*.csv "$out"/wide-ab/bench_pp192_*.csv --out "$out/wide-ab.csv" \
