@@ -55,12 +55,11 @@
 #                     holding an earlier build's _operators.so> perf/anatomy.py's fp32 kernels and the KernelBench fp32
 #                     forward against it (perf/ab.sh, two rounds); then tune_gemm's split rows 0 and 2 between N = 512
 #                     and 1024 (the rule's threshold)
-#   wide-tiles        16-bit tiles larger than 128x128 without the statistics node (perf/NOTES.md v42; carry a
-#                     -DGEMMBN_NO_STATISTICS_ROWS=ON build as python/gemmbn/_operators.so): every row's GPU test,
-#                     then tune_gemm --no-stats over rows 0, 6, 9 (cooperative 256x128, nvjet's tile) and 10 (ping-pong
-#                     128x192, QuACK's) at the long-K and wide shapes where the H100 trails (GEMMBN_TUNE_SIZES to change),
-#                     then the bf16 training forward there (perf/ab.sh, two rounds): by the rule, on the y pass, and on
-#                     the y pass with rows 9 and 10 (GEMMBN_PLAIN_ROW)
+#   wide-tiles        16-bit's cooperative 256x128 row against row 0 (perf/NOTES.md v43): every row's GPU test,
+#                     tune_gemm over rows 0, 6 and 8 without the statistics node at the long-K shapes where the H100
+#                     trailed (GEMMBN_TUNE_SIZES to change), then the bf16 forward there (perf/ab.sh, two rounds) by the
+#                     rule (row 8, the y pass) against row 0's tile (GEMMBN_STATISTICS_SOURCE=epilogue,
+#                     GEMMBN_PLAIN_ROW=6): the check of v43's clauses on another device
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -324,19 +323,18 @@ for name in $steps; do
     wide-tiles)
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
         | tee "$out/wide-tests.log" | tail -3
-      sizes=${GEMMBN_TUNE_SIZES:-4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192}
+      sizes=${GEMMBN_TUNE_SIZES:-4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192;65536 4096 4096;1024 4096 4096}
       IFS=';' read -r -a shapes <<< "$sizes"
       size_args=(); for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
-      timeout $(limit 240) python3 perf/tune_gemm.py --dtypes bfloat16 --no-stats --rows 0,6,9,10 --rasters 0 \
+      timeout $(limit 150) python3 perf/tune_gemm.py --dtypes bfloat16 --no-stats --rows 0,6,8 --rasters 0 \
         --swizzles 0 --iters 20 "${size_args[@]}" --out "$out/tune-wide.csv" 2>&1 | tee "$out/tune-wide.txt" \
-        | awk '/:/{c=0} {c++; if (c<=7) print}'
-      timeout $(limit 200) bash perf/ab.sh "$out/wide-ab" rule:GEMMBN_PLAIN_ROW= ypass:GEMMBN_STATISTICS_SOURCE=y \
-        coop256:GEMMBN_STATISTICS_SOURCE=y,GEMMBN_PLAIN_ROW=9 pp192:GEMMBN_STATISTICS_SOURCE=y,GEMMBN_PLAIN_ROW=10 2 \
+        | awk '/:/{c=0} {c++; if (c<=6) print}'
+      timeout $(limit 200) bash perf/ab.sh "$out/wide-ab" rule:GEMMBN_PLAIN_ROW= \
+        row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=6 2 \
         -- perf/bench.py --sizes "$sizes" --configs bf16 --providers gemmbn,eager --no-compile --iters 20 \
         --out "$out/wide-ab/bench_{side}_{round}.csv" > "$out/wide-ab.log" 2>&1
-      python3 perf/ab_summary.py "$out"/wide-ab/bench_rule_*.csv "$out"/wide-ab/bench_ypass_*.csv \
-        "$out"/wide-ab/bench_coop256_*.csv "$out"/wide-ab/bench_pp192_*.csv --out "$out/wide-ab.csv" \
-        --note "perf/gpu_session.sh wide-tiles at $GEMMBN_COMMIT" | tee "$out/wide-ab.md" ;;
+      python3 perf/ab_summary.py "$out"/wide-ab/bench_rule_*.csv "$out"/wide-ab/bench_row0_*.csv \
+        --out "$out/wide-ab.csv" --note "perf/gpu_session.sh wide-tiles at $GEMMBN_COMMIT" | tee "$out/wide-ab.md" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do

@@ -199,12 +199,14 @@ def test_highest_sees_weight_updates():
 
 # The training statistics from either source (api.h: train_statistics_from_y): the GEMM epilogue's per-tile partials,
 # or finish_normalize's pass over y; each forced through GEMMBN_STATISTICS_SOURCE (the operator reads it per call).
-# Short-K shapes, where the rule's choice matters, and a ragged one.
+# Short-K shapes, where the rule's choice matters, a ragged one, and one on the 256x128 row.
 SOURCE_CASES = [
     pytest.param(torch.bfloat16, "highest", (16384, 512, 8192), id="bf16-16384x512x8192"),
     pytest.param(torch.float32, "high", (16384, 512, 8192), id="fp32-high-16384x512x8192"),
     pytest.param(torch.bfloat16, "highest", (65536, 512, 512), id="bf16-65536x512x512"),
     pytest.param(torch.float16, "highest", (8200, 512, 1032), id="fp16-8200x512x1032"),
+    # From K = 2048 the y pass's GEMM is the cooperative 256x128 row (perf/NOTES.md v43): ragged in both dimensions.
+    pytest.param(torch.bfloat16, "highest", (4400, 2048, 1032), id="bf16-4400x2048x1032"),
 ]
 
 

@@ -144,6 +144,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
         pair = without + 1
         assert layout(rows[pair]) == (64, 128, 1, 2, 1) and rows[pair]["statistics"] == 1
         assert all(r["statistics"] for r in rows[:without]) and not any(r["statistics"] for r in rows[pair + 1:])
+        if not tf32:  # cuBLAS's cooperative 256x128 tile with x multicast, without the node (launches without partials)
+            assert layout(rows[8]) == (256, 128, 0, 1, 2) and rows[8]["statistics"] == 0
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
@@ -246,6 +248,19 @@ def test_selection_follows_the_measured_rule(dtype, split):
     }
     without_statistics = {shape: (7 if tf32_row == 0 else tf32_row, half_row)
                           for shape, (tf32_row, half_row) in expected_rows.items()}
+    # 16-bit launches without partials past a wave from K = 2048 with M > 512 take the 256x128 row (row 8; v43), except
+    # where N <= 1024 with K > 4096 keeps row 1.
+    for shape in [(8192, 4096, 1024), (16384, 8192, 640), (16384, 4096, 768), (16384, 8192, 1280), (16384, 2048, 512),
+                  (1024, 4096, 4096), (1152, 4096, 4096), (2048, 4096, 4096), (2049, 4096, 4096), (1024, 8192, 8192),
+                  (16384, 4096, 4096), (16384, 2048, 8192), (4096, 8192, 2048)]:  # fmt: skip
+        without_statistics[shape] = (without_statistics.get(shape, (7, None))[0], 8)
+    without_statistics.update({
+        (512, 4096, 8192): (2, 1),  # M = 512: two 256-row tiles
+        (640, 4096, 4096): (1, 8),  # 160 tiles, M > 512 (TF32: the 128x256 row, its 2x1 cluster would pad)
+        (16384, 1536, 4096): (7, 0),  # K < 2048
+        (16384, 8192, 512): (1, 1),  # N <= 1024 with K > 4096: row 1
+        (1024, 2048, 2048): (4, 4),  # 128 tiles: the one-wave row
+    })  # fmt: skip
     for (M, K, N), (tf32_row, half_row) in {**without_statistics, **short_k_without_statistics}.items():
         expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
         assert debug.gemm_selected_config(dtype, M, N, K, split, statistics=False) == expected, (M, K, N)
@@ -295,30 +310,40 @@ def test_statistics_source_override(monkeypatch):
         assert not debug.train_statistics_from_y(dtype, 16384, 8192, 512, split)
 
 
-def test_plain_row_override_takes_launches_without_partials_only():
-    """GEMMBN_PLAIN_ROW (read once per process, so checked in fresh ones): a row without the statistics node of a table
-    replaces that table's rule for launches without partials past the small and one-wave rows; launches with partials,
-    those rows, the split GEMM and tables without such a row keep the rule."""
+def test_row_overrides_take_their_own_launches_only():
+    """GEMMBN_PLAIN_ROW / GEMMBN_STATISTICS_ROW (read once per process, so checked in fresh ones): a row of a table
+    without / with the statistics node (and without stream-K) replaces that table's rule for launches without / with
+    partials past the small and one-wave rows; the other launches, those rows, the split GEMM and tables without such a
+    row keep the rule."""
     # Past a wave (16384x4096->4096, 4096x1024->1024), small (128x1024->512) and one wave (1024x4096->1024, 64 tiles).
     shapes = [(16384, 4096, 4096), (4096, 1024, 1024), (128, 1024, 512), (1024, 4096, 1024)]
     launches = [(dtype, split, statistics, shape) for dtype, split in (("bfloat16", False), ("float32", False),
                 ("float32", True)) for statistics in (True, False) for shape in shapes]  # fmt: skip
     probe = ("import json; from gemmbn import debug; print(json.dumps([debug.gemm_selected_config(d, M, N, K, split, "
              f"statistics) for d, split, statistics, (M, K, N) in {launches}]))")
-    def selected(value: str) -> list[int]:
-        env = {**os.environ, "GEMMBN_PLAIN_ROW": value}
+    def selected(variable: str, value: str) -> list[int]:
+        env = {**os.environ, "GEMMBN_PLAIN_ROW": "", "GEMMBN_STATISTICS_ROW": "", variable: value}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), os.environ.get("PYTHONPATH")]))
         ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
         assert ran.returncode == 0, ran.stderr
         return json.loads(ran.stdout)
-    plain = {dtype: {i for i, r in enumerate(debug.gemm_configs(dtype)) if not r["statistics"]}
-             for dtype in ("bfloat16", "float32")}  # fmt: skip
-    rule = selected("")
+    def rows(dtype: str, statistics: bool) -> set[int]:
+        return {i for i, r in enumerate(debug.gemm_configs(dtype)) if bool(r["statistics"]) == statistics
+                and not r["stream_k"]}  # fmt: skip
+    rule = selected("GEMMBN_PLAIN_ROW", "")
     assert rule == [debug.gemm_selected_config(d, M, N, K, split, st) for d, split, st, (M, K, N) in launches]
-    for value in sorted(plain["bfloat16"] | plain["float32"] | {0, 99}):  # 0: a row with the node; 99: no row
-        expected = [value if not split and not statistics and value in plain[dtype] and _tiles_128(M, N) >= 132
-                    else by_rule for (dtype, split, statistics, (M, K, N)), by_rule in zip(launches, rule)]  # fmt: skip
-        assert selected(str(value)) == expected, value
+    for variable, statistics in (("GEMMBN_PLAIN_ROW", False), ("GEMMBN_STATISTICS_ROW", True)):
+        eligible = {dtype: rows(dtype, statistics) for dtype in ("bfloat16", "float32")}
+        stream_k = {i for i, r in enumerate(debug.gemm_configs("float32")) if r["stream_k"]}
+        others = rows("bfloat16", not statistics) | rows("float32", not statistics) | stream_k
+        overridden = 0  # launches an override moved off the rule's row (so the check can fail)
+        for value in sorted(eligible["bfloat16"] | eligible["float32"] | others | {99}):  # 99: no row
+            expected = [value if not split and st == statistics and value in eligible[dtype]
+                        and _tiles_128(M, N) >= 132 else by_rule
+                        for (dtype, split, st, (M, K, N)), by_rule in zip(launches, rule)]  # fmt: skip
+            assert selected(variable, str(value)) == expected, (variable, value)
+            overridden += sum(e != r for e, r in zip(expected, rule))
+        assert overridden > 0, variable
 
 
 def test_statistics_source_rule(monkeypatch):
@@ -349,16 +374,22 @@ def test_statistics_source_rule(monkeypatch):
         (3072, 2048, 1024): (False, True),  # 192 tiles: bf16 0.053 -> 0.046 ms
         (4096, 2048, 8192): (False, True),  # 2048 tiles: bf16 0.253 vs 0.264 ms, TF32 0.488 vs 0.465
         (16384, 2048, 8192): (False, True),
-        (16384, 2049, 8192): False,
-        (16384, 4096, 4096): False,
+        # 16-bit from K = 2048 past a wave with M > 2048: row 0 with the node against the 256x128 row without it and the
+        # y pass (v43, H100: the training forward 2-12% faster); up to M = 2048 the 1x2-cluster row keeps its node.
+        (16384, 2049, 8192): (False, True),
+        (16384, 4096, 4096): (False, True),
+        (65536, 4096, 4096): (False, True),
+        (2304, 4096, 4096): (False, True),
+        (2048, 4096, 4096): False,
+        (1024, 4096, 4096): False,  # v43: the y pass 1.5% slower here
         # K > 4096: TF32's cooperative 128x256 row (N <= 1024) exposes its epilogue; the y pass 0.95-0.99x (v26)
         (16384, 8192, 512): (True, False),  # 512 tiles: TF32 0.97x, bf16 1.01x
         (8192, 8192, 1024): (True, False),
         (6144, 8192, 512): (True, False),  # 192 tiles
         (8192, 16384, 1024): (True, False),
         (4096, 8192, 512): False,  # 128 tiles: a one-wave row (TF32 1.035x)
-        (16384, 8192, 2048): False,  # TF32 on the ping-pong 128x128 row: 1.01x
-        (4096, 4096, 1024): False,  # K = 4096 is not past it
+        (16384, 8192, 2048): (False, True),  # TF32 on the ping-pong 128x128 row: 1.01x
+        (4096, 4096, 1024): (False, True),  # K = 4096 is not past it (16-bit: the 256x128 row above)
     }
     for (M, K, N), expected in from_y.items():
         tf32_expected, half_expected = expected if isinstance(expected, tuple) else (expected, expected)

@@ -27,6 +27,11 @@ std::atomic<int64_t> host_marks[kHostMarks] = {};  // host_mark_ns's values
 // The shape rules' measures: a wave is 132 SMs on an H100/H200; short K is where a mainloop leaves each tile's fixed
 // cost exposed, long K where the mainloop dwarfs the epilogue; problems are counted in 128x128 output tiles.
 constexpr int kWave = 132, kShortK = 1024, kLongK = 4096;
+// Rows select_config and train_statistics_from_y both name: row 0 (ping-pong 128x128, both tables), and 16-bit's
+// cooperative 256x128 without the statistics node, which launches without partials take from K = kWideTileK.
+constexpr int kWide = 0, kHalfWideTile = 8, kWideTileK = 2048;
+static_assert(config_at(GemmOperands::bf16, kHalfWideTile).tile_m == 256 &&
+              config_at(GemmOperands::bf16, kHalfWideTile).statistics == 0, "configs.h's 16-bit row 8");
 // Narrow outputs: x, the large operand at long K, is read once per tile column, so few of them matter.
 constexpr int kNarrowN = 1024;
 int64_t tiles_128(int M, int N) { return ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128); }
@@ -70,12 +75,16 @@ int forced_split_row() {
   return valid ? index : -1;
 }
 
-// GEMMBN_PLAIN_ROW: a row without the statistics node of this table that select_config takes for launches without
-// partials (eval, a training forward with its statistics from y) past the small and one-wave rows (for A/B runs of
-// wider tiles, such as GEMMBN_NO_STATISTICS_ROWS's: perf/NOTES.md v42), or -1 where unset or not such a row.
-int forced_plain_row(GemmOperands operands) {
-  static const int index = row_from_environment("GEMMBN_PLAIN_ROW");
-  const bool valid = index >= 0 && index < config_count(operands) && config_at(operands, index).statistics == 0;
+// GEMMBN_PLAIN_ROW / GEMMBN_STATISTICS_ROW: a row of this table without / with the statistics node that select_config
+// takes for launches without / with partials (eval or a training forward with its statistics from y / the epilogue's)
+// past the small and one-wave rows (for A/B runs of wider tiles, such as GEMMBN_NO_STATISTICS_ROWS's: perf/NOTES.md
+// v42, v43), or -1 where unset or not such a row.
+int forced_row(GemmOperands operands, bool statistics) {
+  static const int plain = row_from_environment("GEMMBN_PLAIN_ROW");
+  static const int with_node = row_from_environment("GEMMBN_STATISTICS_ROW");
+  const int index = statistics ? with_node : plain;
+  const bool valid = index >= 0 && index < config_count(operands) &&
+                     config_at(operands, index).statistics == int(statistics) && !config_at(operands, index).stream_k;
   return valid ? index : -1;
 }
 
@@ -101,6 +110,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns);
+// - 16-bit launches without partials past a wave from K = 2048 and M > 512: cuBLAS's cooperative 256x128 tile without
+//   the node (row 8), 6-15% faster than row 0 back to back on an H100 (perf/NOTES.md v43);
 // - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
 //   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
 // The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row (x split in registers); elsewhere
@@ -109,7 +120,7 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // less at N = 768 and 2-17% less from N = 896 (perf/NOTES.md v39, v41).
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
-  constexpr int kWide = 0, kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
+  constexpr int kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
   constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
   constexpr int kShorterK = 512;
   constexpr int kSplitRegisters = 0, kSplitStreamK = 1, kSplitPresplitPair = 2, kSplitPresplit = 3, kPresplitN = 768;
@@ -139,7 +150,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }
-  if (const int forced = statistics ? -1 : forced_plain_row(operands); forced >= 0) return forced;
+  if (const int forced = forced_row(operands, statistics); forced >= 0) return forced;
   const int wide = statistics ? kWide : first_row_without_statistics(operands);
   if (!statistics && short_k && tiles >= kWave) return wide;
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
@@ -151,12 +162,14 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   // 16-bit x multicast to a 1x2 cluster) where its tiles along N pad nothing (v22).
   if (K > kLongK && N <= kNarrowN && !pads_along_n(config_at(operands, kShortMRow), N)) return kShortMRow;
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : wide;
+  if (!statistics && K >= kWideTileK && tiles >= kWave && M > kFewRows) return kHalfWideTile;
   return M <= kShortM ? kShortMRow : kWide;
 }
 
 // Where the training statistics come from: finish_normalize's pass over y where it costs less than the epilogue's
-// per-tile reductions, since the GEMM without partials takes a row without the statistics node (v24-v26; the numbers:
-// perf/NOTES.md, "The configuration tables' evidence"). Past a wave of 128x128 tiles with K <= 1024 (16-bit: 2048),
+// per-tile reductions, since the GEMM without partials takes a row without the statistics node (v24-v26, v43; the
+// numbers: perf/NOTES.md, "The configuration tables' evidence"). 16-bit wherever that is cuBLAS's 256x128 tile against
+// row 0 with the node (M > 2048, K >= 2048 past a wave). Past a wave of 128x128 tiles with K <= 1024 (16-bit: 2048),
 // unless the epilogue's 64x128 grid fills its last wave enough better than the y pass's 128x128 one to outweigh the
 // node (wave_cost; over three waves it never does); and TF32 with N <= 1024 and K > 4096 past a wave, where the
 // cooperative 128x256 row's epilogue follows each tile's mainloop instead of overlapping the next one. Never the split
@@ -168,7 +181,11 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   }
   const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
   if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave) return false;
-  const TileConfig& epilogue = config_at(operands, select_config(operands, M, N, K, true));
+  const int epilogue_row = select_config(operands, M, N, K, true);
+  const TileConfig& epilogue = config_at(operands, epilogue_row);
+  // 16-bit where the launch without partials takes the 256x128 row and the one with them row 0 (M > 2048): that row's
+  // speed outweighs the pass over y (2-12% faster training forwards on an H100, perf/NOTES.md v43).
+  if (half && epilogue_row == kWide && select_config(operands, M, N, K, false) == kHalfWideTile) return true;
   if (K > kLongK) {
     return operands == GemmOperands::tf32 && N <= kNarrowN && epilogue.pingpong == 0 && epilogue.tile_n == 256;
   }
