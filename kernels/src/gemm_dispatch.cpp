@@ -29,7 +29,7 @@ std::atomic<int64_t> host_marks[kHostMarks] = {};  // host_mark_ns's values
 constexpr int kWave = 132, kShortK = 1024, kLongK = 4096;
 // Rows select_config and train_statistics_from_y both name: row 0 (ping-pong 128x128, both tables), and 16-bit's
 // cooperative 256x128 without the statistics node, which launches without partials take from K = kWideTileK.
-constexpr int kWide = 0, kHalfWideTile = 8, kWideTileK = 2048;
+constexpr int kWide = 0, kHalfWideTile = 8, kWideTileK = 2048, kYPassMaxTiles = 2048;
 static_assert(config_at(GemmOperands::bf16, kHalfWideTile).tile_m == 256 &&
               config_at(GemmOperands::bf16, kHalfWideTile).statistics == 0, "configs.h's 16-bit row 8");
 // Narrow outputs: x, the large operand at long K, is read once per tile column, so few of them matter.
@@ -169,7 +169,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
 // Where the training statistics come from: finish_normalize's pass over y where it costs less than the epilogue's
 // per-tile reductions, since the GEMM without partials takes a row without the statistics node (v24-v26, v43; the
 // numbers: perf/NOTES.md, "The configuration tables' evidence"). 16-bit wherever that is cuBLAS's 256x128 tile against
-// row 0 with the node (M > 2048, K >= 2048 past a wave). Past a wave of 128x128 tiles with K <= 1024 (16-bit: 2048),
+// row 0 with the node (M > 2048, K >= 2048) from a wave to 2048 tiles. Past a wave of 128x128 tiles with K <= 1024 (16-bit: 2048),
 // unless the epilogue's 64x128 grid fills its last wave enough better than the y pass's 128x128 one to outweigh the
 // node (wave_cost; over three waves it never does); and TF32 with N <= 1024 and K > 4096 past a wave, where the
 // cooperative 128x256 row's epilogue follows each tile's mainloop instead of overlapping the next one. Never the split
@@ -183,9 +183,13 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave) return false;
   const int epilogue_row = select_config(operands, M, N, K, true);
   const TileConfig& epilogue = config_at(operands, epilogue_row);
-  // 16-bit where the launch without partials takes the 256x128 row and the one with them row 0 (M > 2048): that row's
-  // speed outweighs the pass over y (2-12% faster training forwards on an H100, perf/NOTES.md v43).
-  if (half && epilogue_row == kWide && select_config(operands, M, N, K, false) == kHalfWideTile) return true;
+  // 16-bit where the launch without partials takes the 256x128 row and the one with them row 0 (M > 2048), up to 2048
+  // tiles (64 MiB of y): that row's speed outweighs the pass over y there (5-12% faster training forwards on an H100),
+  // and past it no longer (16384x4096->4096 and 65536x4096->4096 within +-4% either way; perf/NOTES.md v43).
+  if (half && tiles_128(M, N) <= kYPassMaxTiles && epilogue_row == kWide &&
+      select_config(operands, M, N, K, false) == kHalfWideTile) {
+    return true;
+  }
   if (K > kLongK) {
     return operands == GemmOperands::tf32 && N <= kNarrowN && epilogue.pingpong == 0 && epilogue.tile_n == 256;
   }
