@@ -169,11 +169,11 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
 // Where the training statistics come from: finish_normalize's pass over y where it costs less than the epilogue's
 // per-tile reductions, since the GEMM without partials takes a row without the statistics node (v24-v26, v43; the
 // numbers: perf/NOTES.md, "The configuration tables' evidence"). 16-bit wherever that is cuBLAS's 256x128 tile against
-// row 0 with the node (M > 2048, K >= 2048) from a wave to 2048 tiles. Past a wave of 128x128 tiles with K <= 1024 (16-bit: 2048),
-// unless the epilogue's 64x128 grid fills its last wave enough better than the y pass's 128x128 one to outweigh the
-// node (wave_cost; over three waves it never does); and TF32 with N <= 1024 and K > 4096 past a wave, where the
-// cooperative 128x256 row's epilogue follows each tile's mainloop instead of overlapping the next one. Never the split
-// GEMM (its mainloop dwarfs the epilogue), never under a wave (the one-wave and small rows keep their node).
+// row 0 with the node (M > 2048, K >= 2048) from a wave to 2048 tiles. Past a wave of 128x128 tiles with K <= 1024
+// (16-bit: 2048), unless the epilogue's 64x128 grid fills its last wave enough better than the y pass's 128x128 one to
+// outweigh the node (wave_cost; over three waves it never does); and TF32 with N <= 1024 and K > 4096 past a wave,
+// where the cooperative 128x256 row's epilogue follows each tile's mainloop instead of overlapping the next one. Never
+// the split GEMM (its mainloop dwarfs the epilogue), never under a wave (the one-wave and small rows keep their node).
 // GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
