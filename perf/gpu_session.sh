@@ -60,6 +60,10 @@
 #                     trailed (GEMMBN_TUNE_SIZES to change), then the bf16 forward there (perf/ab.sh, two rounds) by the
 #                     rule (row 8, the y pass) against row 0's tile (GEMMBN_STATISTICS_SOURCE=epilogue,
 #                     GEMMBN_PLAIN_ROW=6): the check of v43's clauses on another device
+#   wide-tiles-tf32   the same question for TF32 (perf/NOTES.md v43's next steps; carry a -DGEMMBN_NO_STATISTICS_ROWS=ON
+#                     build as python/gemmbn/_operators.so): every row's GPU test, tune_gemm over TF32 rows 0, 7 and 10
+#                     (cooperative 256x128 c1x2, the experiment) without the node at the H100's trailing TF32 shapes, then
+#                     the TF32 forward there (perf/ab.sh, two rounds) by the rule and on row 10 with the y pass
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -335,6 +339,22 @@ for name in $steps; do
         --out "$out/wide-ab/bench_{side}_{round}.csv" > "$out/wide-ab.log" 2>&1
       python3 perf/ab_summary.py "$out"/wide-ab/bench_rule_*.csv "$out"/wide-ab/bench_row0_*.csv \
         --out "$out/wide-ab.csv" --note "perf/gpu_session.sh wide-tiles at $GEMMBN_COMMIT" | tee "$out/wide-ab.md" ;;
+    wide-tiles-tf32)
+      timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
+        | tee "$out/wide-tf32-tests.log" | tail -3
+      sizes=${GEMMBN_TUNE_SIZES:-4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 4096 4096;1024 4096 4096}
+      IFS=';' read -r -a shapes <<< "$sizes"
+      size_args=(); for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
+      timeout $(limit 150) python3 perf/tune_gemm.py --dtypes float32 --no-stats --rows 0,7,10 --rasters 0 \
+        --swizzles 0 --iters 20 "${size_args[@]}" --out "$out/tune-wide-tf32.csv" 2>&1 \
+        | tee "$out/tune-wide-tf32.txt" | awk '/:/{c=0} {c++; if (c<=6) print}'
+      timeout $(limit 200) bash perf/ab.sh "$out/wide-tf32-ab" rule:GEMMBN_PLAIN_ROW= \
+        coop256:GEMMBN_STATISTICS_SOURCE=y,GEMMBN_PLAIN_ROW=10 2 \
+        -- perf/bench.py --sizes "$sizes" --configs tf32 --providers gemmbn,eager --no-compile --iters 20 \
+        --out "$out/wide-tf32-ab/bench_{side}_{round}.csv" > "$out/wide-tf32-ab.log" 2>&1
+      python3 perf/ab_summary.py "$out"/wide-tf32-ab/bench_rule_*.csv "$out"/wide-tf32-ab/bench_coop256_*.csv \
+        --out "$out/wide-tf32-ab.csv" --note "perf/gpu_session.sh wide-tiles-tf32 at $GEMMBN_COMMIT" \
+        | tee "$out/wide-tf32-ab.md" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do

@@ -78,6 +78,7 @@ inline constexpr TileConfig kTf32Configs[] = {
     {64, 128, 32, 2, 1, 32, 1, 0, 8},            // 8: row 2, W multicast to 2 CTAs (half its L2 reads of W)
 #if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
     {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 9: row 7, 64-column epilogue subtiles
+    {256, 128, 32, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 10: cooperative 256x128 without the node, x multicast (16-bit row 8's)
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
