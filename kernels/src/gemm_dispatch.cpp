@@ -181,20 +181,17 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   }
   const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
   if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave) return false;
-  const int epilogue_row = select_config(operands, M, N, K, true);
+  const int epilogue_row = select_config(operands, M, N, K, true), y_pass_row = select_config(operands, M, N, K, false);
   const TileConfig& epilogue = config_at(operands, epilogue_row);
   // 16-bit where the launch without partials takes the 256x128 row and the one with them row 0 (M > 2048), up to 2048
   // tiles (64 MiB of y): that row's speed outweighs the pass over y there (5-12% faster training forwards on an H100),
   // and past it no longer (16384x4096->4096 and 65536x4096->4096 within +-4% either way; perf/NOTES.md v43).
-  if (half && tiles_128(M, N) <= kYPassMaxTiles && epilogue_row == kWide &&
-      select_config(operands, M, N, K, false) == kHalfWideTile) {
-    return true;
-  }
+  if (half && tiles_128(M, N) <= kYPassMaxTiles && epilogue_row == kWide && y_pass_row == kHalfWideTile) return true;
   if (K > kLongK) {
     return operands == GemmOperands::tf32 && N <= kNarrowN && epilogue.pingpong == 0 && epilogue.tile_n == 256;
   }
   if (K > (half ? 2 : 1) * kShortK) return false;
-  const TileConfig& y_pass = config_at(operands, select_config(operands, M, N, K, false));
+  const TileConfig& y_pass = config_at(operands, y_pass_row);
   return waves(y_pass, M, N) > 3 || wave_cost(y_pass, M, N) <= wave_cost(epilogue, M, N);
 }
 
