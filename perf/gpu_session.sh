@@ -93,6 +93,24 @@ steps=${*:-build smoke tests tune tune-short finish-bandwidth breakdown bench ma
 deadline=$(( $(date +%s) + ${GEMMBN_SESSION_SECONDS:-560} ))
 # limit SECONDS: the step's limit, or what is left of the call (less a margin for the archive).
 limit() { local left=$(( deadline - $(date +%s) - 10 )); echo $(( left < $1 ? left : $1 )); }
+# wide-tiles / wide-tiles-tf32: every row's GPU test, tune_gemm over ROWS without the statistics node at SIZES
+# (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against SIDE (perf/ab.sh NAME:ENV, two rounds).
+#   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDE SIZES
+wide_tile_check() {
+  local prefix=$1 dtype=$2 config=$3 rows=$4 side=$5 sizes=${GEMMBN_TUNE_SIZES:-$6} shapes size_args=() shape
+  timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
+    | tee "$out/$prefix-tests.log" | tail -3
+  IFS=';' read -r -a shapes <<< "$sizes"
+  for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
+  timeout $(limit 150) python3 perf/tune_gemm.py --dtypes "$dtype" --no-stats --rows "$rows" --rasters 0 --swizzles 0 \
+    --iters 20 "${size_args[@]}" --out "$out/tune-$prefix.csv" 2>&1 | tee "$out/tune-$prefix.txt" \
+    | awk '/:/{c=0} {c++; if (c<=6) print}'
+  timeout $(limit 200) bash perf/ab.sh "$out/$prefix-ab" rule:GEMMBN_PLAIN_ROW= "$side" 2 \
+    -- perf/bench.py --sizes "$sizes" --configs "$config" --providers gemmbn,eager --no-compile --iters 20 \
+    --out "$out/$prefix-ab/bench_{side}_{round}.csv" > "$out/$prefix-ab.log" 2>&1
+  python3 perf/ab_summary.py "$out/$prefix-ab"/bench_rule_*.csv "$out/$prefix-ab"/bench_"${side%%:*}"_*.csv \
+    --out "$out/$prefix-ab.csv" --note "perf/gpu_session.sh $name at $GEMMBN_COMMIT" | tee "$out/$prefix-ab.md"
+}
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 # The perf extra on a bare device (no package index there): carried wheels of cuda-bindings and cuda-pathfinder
@@ -325,36 +343,11 @@ for name in $steps; do
         | tee "$out/tune-threshold.txt" | grep -E "x[0-9]+->| row " | head -40
       ;;
     wide-tiles)
-      timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
-        | tee "$out/wide-tests.log" | tail -3
-      sizes=${GEMMBN_TUNE_SIZES:-4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192;65536 4096 4096;1024 4096 4096}
-      IFS=';' read -r -a shapes <<< "$sizes"
-      size_args=(); for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
-      timeout $(limit 150) python3 perf/tune_gemm.py --dtypes bfloat16 --no-stats --rows 0,6,8 --rasters 0 \
-        --swizzles 0 --iters 20 "${size_args[@]}" --out "$out/tune-wide.csv" 2>&1 | tee "$out/tune-wide.txt" \
-        | awk '/:/{c=0} {c++; if (c<=6) print}'
-      timeout $(limit 200) bash perf/ab.sh "$out/wide-ab" rule:GEMMBN_PLAIN_ROW= \
-        row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=6 2 \
-        -- perf/bench.py --sizes "$sizes" --configs bf16 --providers gemmbn,eager --no-compile --iters 20 \
-        --out "$out/wide-ab/bench_{side}_{round}.csv" > "$out/wide-ab.log" 2>&1
-      python3 perf/ab_summary.py "$out"/wide-ab/bench_rule_*.csv "$out"/wide-ab/bench_row0_*.csv \
-        --out "$out/wide-ab.csv" --note "perf/gpu_session.sh wide-tiles at $GEMMBN_COMMIT" | tee "$out/wide-ab.md" ;;
+      wide_tile_check wide bfloat16 bf16 0,6,8 row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=6 \
+        "4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192;65536 4096 4096;1024 4096 4096" ;;
     wide-tiles-tf32)
-      timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
-        | tee "$out/wide-tf32-tests.log" | tail -3
-      sizes=${GEMMBN_TUNE_SIZES:-4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 4096 4096;1024 4096 4096}
-      IFS=';' read -r -a shapes <<< "$sizes"
-      size_args=(); for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
-      timeout $(limit 150) python3 perf/tune_gemm.py --dtypes float32 --no-stats --rows 0,7,10 --rasters 0 \
-        --swizzles 0 --iters 20 "${size_args[@]}" --out "$out/tune-wide-tf32.csv" 2>&1 \
-        | tee "$out/tune-wide-tf32.txt" | awk '/:/{c=0} {c++; if (c<=6) print}'
-      timeout $(limit 200) bash perf/ab.sh "$out/wide-tf32-ab" rule:GEMMBN_PLAIN_ROW= \
-        coop256:GEMMBN_STATISTICS_SOURCE=y,GEMMBN_PLAIN_ROW=10 2 \
-        -- perf/bench.py --sizes "$sizes" --configs tf32 --providers gemmbn,eager --no-compile --iters 20 \
-        --out "$out/wide-tf32-ab/bench_{side}_{round}.csv" > "$out/wide-tf32-ab.log" 2>&1
-      python3 perf/ab_summary.py "$out"/wide-tf32-ab/bench_rule_*.csv "$out"/wide-tf32-ab/bench_coop256_*.csv \
-        --out "$out/wide-tf32-ab.csv" --note "perf/gpu_session.sh wide-tiles-tf32 at $GEMMBN_COMMIT" \
-        | tee "$out/wide-tf32-ab.md" ;;
+      wide_tile_check wide-tf32 float32 tf32 0,7,10 coop256:GEMMBN_STATISTICS_SOURCE=y,GEMMBN_PLAIN_ROW=10 \
+        "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 4096 4096;1024 4096 4096" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do
