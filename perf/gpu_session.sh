@@ -98,6 +98,11 @@ limit() { local left=$(( deadline - $(date +%s) - 10 )); echo $(( left < $1 ? le
 #   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDE SIZES
 wide_tile_check() {
   local prefix=$1 dtype=$2 config=$3 rows=$4 side=$5 sizes=${GEMMBN_TUNE_SIZES:-$6} shapes size_args=() shape
+  # A row the carried build lacks would be skipped by tune_gemm and ignored by GEMMBN_PLAIN_ROW (the rule's row runs
+  # on both sides): stop instead of timing the rule against itself.
+  python3 -c "from gemmbn import debug; n = len(debug.gemm_configs('$dtype')); missing = [r for r in ($rows,) if r >= n]
+raise SystemExit(f'$name: rows {missing} are not in this build ({n} $dtype rows); carry the build that has them'
+                 if missing else 0)" || return 1
   timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
     | tee "$out/$prefix-tests.log" | tail -3
   IFS=';' read -r -a shapes <<< "$sizes"
