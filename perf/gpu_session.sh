@@ -60,10 +60,10 @@
 #                     trailed (GEMMBN_TUNE_SIZES to change), then the bf16 forward there (perf/ab.sh, two rounds) by the
 #                     rule (row 8, the y pass) against row 0's tile (GEMMBN_STATISTICS_SOURCE=epilogue,
 #                     GEMMBN_PLAIN_ROW=6): the check of v43's clauses on another device
-#   wide-tiles-tf32   the same question for TF32 (perf/NOTES.md v43's next steps; carry a -DGEMMBN_NO_STATISTICS_ROWS=ON
-#                     build as python/gemmbn/_operators.so): every row's GPU test, tune_gemm over TF32 rows 0, 7 and 10
-#                     (cooperative 256x128 c1x2, the experiment) without the node at the H100's trailing TF32 shapes, then
-#                     the TF32 forward there (perf/ab.sh, two rounds) by the rule and on row 10 with the y pass
+#   wide-tiles-tf32   the same for TF32 (perf/NOTES.md v44): tune_gemm over TF32 rows 0, 7 and 9 (cooperative 256x128
+#                     c1x2) without the node at the H100's trailing TF32 shapes, then the TF32 forward there by the rule
+#                     (row 9, the y pass from K = 4096) against row 0's tile (GEMMBN_STATISTICS_SOURCE=epilogue,
+#                     GEMMBN_PLAIN_ROW=7: the rule before v44 at these shapes)
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -351,7 +351,7 @@ for name in $steps; do
       wide_tile_check wide bfloat16 bf16 0,6,8 row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=6 \
         "4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192;65536 4096 4096;1024 4096 4096" ;;
     wide-tiles-tf32)
-      wide_tile_check wide-tf32 float32 tf32 0,7,10 coop256:GEMMBN_STATISTICS_SOURCE=y,GEMMBN_PLAIN_ROW=10 \
+      wide_tile_check wide-tf32 float32 tf32 0,7,9 row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=7 \
         "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 4096 4096;1024 4096 4096" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"

@@ -207,6 +207,7 @@ SOURCE_CASES = [
     pytest.param(torch.float16, "highest", (8200, 512, 1032), id="fp16-8200x512x1032"),
     # From K = 2048 the y pass's GEMM is the cooperative 256x128 row (perf/NOTES.md v43): ragged in both dimensions.
     pytest.param(torch.bfloat16, "highest", (4400, 2048, 1032), id="bf16-4400x2048x1032"),
+    pytest.param(torch.float32, "high", (4400, 4096, 1032), id="fp32-high-4400x4096x1032"),  # TF32 from K = 4096 (v44)
 ]
 
 

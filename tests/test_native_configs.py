@@ -144,8 +144,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
         pair = without + 1
         assert layout(rows[pair]) == (64, 128, 1, 2, 1) and rows[pair]["statistics"] == 1
         assert all(r["statistics"] for r in rows[:without]) and not any(r["statistics"] for r in rows[pair + 1:])
-        if not tf32:  # cuBLAS's cooperative 256x128 tile with x multicast, without the node (launches without partials)
-            assert layout(rows[8]) == (256, 128, 0, 1, 2) and rows[8]["statistics"] == 0
+        # cuBLAS's cooperative 256x128 tile with x multicast, without the node (launches without partials from K = 2048)
+        wide_tile = 9 if tf32 else 8
+        assert layout(rows[wide_tile]) == (256, 128, 0, 1, 2) and rows[wide_tile]["statistics"] == 0
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
@@ -248,15 +249,15 @@ def test_selection_follows_the_measured_rule(dtype, split):
     }
     without_statistics = {shape: (7 if tf32_row == 0 else tf32_row, half_row)
                           for shape, (tf32_row, half_row) in expected_rows.items()}
-    # 16-bit launches without partials past a wave from K = 2048 with M > 512 take the 256x128 row (row 8; v43), except
-    # where N <= 1024 with K > 4096 keeps row 1.
+    # Launches without partials past a wave from K = 2048 with M > 512 take the 256x128 row (TF32 row 9, 16-bit row 8;
+    # v43, v44), except where N <= 1024 with K > 4096 keeps row 1 (and where TF32's 128x256 row would take them).
     for shape in [(8192, 4096, 1024), (16384, 8192, 640), (16384, 4096, 768), (16384, 8192, 1280), (16384, 2048, 512),
                   (1024, 4096, 4096), (1152, 4096, 4096), (2048, 4096, 4096), (2049, 4096, 4096), (1024, 8192, 8192),
                   (16384, 4096, 4096), (16384, 2048, 8192), (4096, 8192, 2048)]:  # fmt: skip
-        without_statistics[shape] = (without_statistics.get(shape, (7, None))[0], 8)
+        without_statistics[shape] = (9, 8)
     without_statistics.update({
         (512, 4096, 8192): (2, 1),  # M = 512: two 256-row tiles
-        (640, 4096, 4096): (1, 8),  # 160 tiles, M > 512 (TF32: the 128x256 row, its 2x1 cluster would pad)
+        (640, 4096, 4096): (9, 8),  # 160 tiles, M > 512 (with partials TF32 takes the 128x256 row here)
         (16384, 1536, 4096): (7, 0),  # K < 2048
         (16384, 8192, 512): (1, 1),  # N <= 1024 with K > 4096: row 1
         (1024, 2048, 2048): (4, 4),  # 128 tiles: the one-wave row
@@ -349,8 +350,9 @@ def test_row_overrides_take_their_own_launches_only():
 def test_statistics_source_rule(monkeypatch):
     """gemm_dispatch.cpp's rule: finish_normalize's pass over y past a wave (132) of 128x128 tiles for K <= 1024, and
     in 16-bit for K <= 2048, unless its GEMM's grid spans at most three waves and more tile area in waves than the
-    epilogue's (64x128 tiles there); TF32 at K > 4096 on the cooperative 128x256 row; never for the split GEMM; the
-    epilogue elsewhere (perf/NOTES.md v17, v22, v24, v25 and v26 have the measurements)."""
+    epilogue's (64x128 tiles there); TF32 at K > 4096 on the cooperative 128x256 row; the cooperative 256x128 row
+    against row 0 with the node (16-bit up to 2048 tiles, TF32 from K = 4096); never for the split GEMM; the epilogue
+    elsewhere (perf/NOTES.md v17, v22, v24, v25, v26, v43 and v44 have the measurements)."""
     monkeypatch.delenv("GEMMBN_STATISTICS_SOURCE", raising=False)
     from_y = {  # (M, K, N) -> the y pass?  (tiles)
         (16384, 512, 8192): True,  # 8192
@@ -377,23 +379,28 @@ def test_statistics_source_rule(monkeypatch):
         # 16-bit from K = 2048 with M > 2048, from a wave up to 2048 tiles: row 0 with the node against the 256x128 row
         # without it and the y pass (v43, H100: the training forward 5-12% faster); past 2048 tiles level (+-4%), so
         # the node; up to M = 2048 the 1x2-cluster row keeps its node.
+        # TF32 the same from K = 4096 at any size (v44, H100: 1-11% faster up to 16384 tiles; 2.5% slower at K = 2048),
+        # wherever its launch with partials takes row 0 (M > 512 unless M <= 2048 with a padded 2x1 cluster).
         (16384, 2049, 8192): False,  # 8192 tiles
-        (16384, 4096, 4096): False,  # 4096 tiles: v43 had the y pass from 3.7% faster to 1.4% slower by run
-        (65536, 4096, 4096): False,
-        (16384, 8192, 4096): False,
-        (8192, 4096, 4096): (False, True),  # 2048 tiles
-        (8320, 4096, 4096): False,  # 2080 tiles
-        (2304, 4096, 4096): (False, True),
-        (2048, 4096, 4096): False,
-        (1024, 4096, 4096): False,  # v43: the y pass 1.5% slower here
+        (16384, 4096, 4096): (True, False),  # 4096 tiles: bf16 v43 from 3.7% faster to 1.4% slower by run; TF32 -1.4%
+        (65536, 4096, 4096): (True, False),  # TF32 -0.5% / -3.9% by round
+        (16384, 8192, 4096): (True, False),
+        (8192, 4096, 4096): True,  # 2048 tiles
+        (8320, 4096, 4096): (True, False),  # 2080 tiles
+        (2304, 4096, 4096): True,
+        (2048, 4096, 4096): (True, False),  # 16-bit's 1x2-cluster row keeps its node up to M = 2048; TF32 row 0
+        (1152, 4096, 4096): False,  # TF32's 128x256 row (a 2x1 cluster would pad) keeps its node
+        (1024, 4096, 4096): (True, False),  # v43: bf16's y pass 1.5% slower here; v44: TF32's 3.5% faster
+        (640, 4096, 8192): False,  # 320 tiles, M = 640: TF32's 128x256 row again
+        (512, 4096, 8192): False,  # M = 512: the 64x128 row
         # K > 4096: TF32's cooperative 128x256 row (N <= 1024) exposes its epilogue; the y pass 0.95-0.99x (v26)
         (16384, 8192, 512): (True, False),  # 512 tiles: TF32 0.97x, bf16 1.01x
         (8192, 8192, 1024): (True, False),
         (6144, 8192, 512): (True, False),  # 192 tiles
         (8192, 16384, 1024): (True, False),
         (4096, 8192, 512): False,  # 128 tiles: a one-wave row (TF32 1.035x)
-        (16384, 8192, 2048): (False, True),  # TF32 on the ping-pong 128x128 row: 1.01x
-        (4096, 4096, 1024): (False, True),  # K = 4096 is not past it (16-bit: the 256x128 row above)
+        (16384, 8192, 2048): True,  # v26 (H200) TF32 on row 7: 1.01x; v44 (H100) on row 9: 0.89-0.92x
+        (4096, 4096, 1024): True,  # K = 4096 is not past it: the 256x128 row above
     }
     for (M, K, N), expected in from_y.items():
         tf32_expected, half_expected = expected if isinstance(expected, tuple) else (expected, expected)

@@ -27,11 +27,18 @@ std::atomic<int64_t> host_marks[kHostMarks] = {};  // host_mark_ns's values
 // The shape rules' measures: a wave is 132 SMs on an H100/H200; short K is where a mainloop leaves each tile's fixed
 // cost exposed, long K where the mainloop dwarfs the epilogue; problems are counted in 128x128 output tiles.
 constexpr int kWave = 132, kShortK = 1024, kLongK = 4096;
-// Rows select_config and train_statistics_from_y both name: row 0 (ping-pong 128x128, both tables), and 16-bit's
-// cooperative 256x128 without the statistics node, which launches without partials take from K = kWideTileK.
-constexpr int kWide = 0, kHalfWideTile = 8, kWideTileK = 2048, kYPassMaxTiles = 2048;
-static_assert(config_at(GemmOperands::bf16, kHalfWideTile).tile_m == 256 &&
-              config_at(GemmOperands::bf16, kHalfWideTile).statistics == 0, "configs.h's 16-bit row 8");
+// Rows select_config and train_statistics_from_y both name: row 0 (ping-pong 128x128, both tables), and the
+// cooperative 256x128 row without the statistics node (TF32 row 9, 16-bit row 8), which launches without partials
+// take from K = kWideTileK.
+constexpr int kWide = 0, kTf32WideTile = 9, kHalfWideTile = 8, kWideTileK = 2048, kYPassMaxTiles = 2048;
+constexpr int wide_tile_row(GemmOperands operands) {
+  return operands == GemmOperands::tf32 ? kTf32WideTile : kHalfWideTile;
+}
+static_assert(config_at(GemmOperands::tf32, kTf32WideTile).tile_m == 256 &&
+                  config_at(GemmOperands::tf32, kTf32WideTile).statistics == 0 &&
+                  config_at(GemmOperands::bf16, kHalfWideTile).tile_m == 256 &&
+                  config_at(GemmOperands::bf16, kHalfWideTile).statistics == 0,
+              "configs.h's cooperative 256x128 rows: TF32 row 9, 16-bit row 8");
 // Narrow outputs: x, the large operand at long K, is read once per tile column, so few of them matter.
 constexpr int kNarrowN = 1024;
 int64_t tiles_128(int M, int N) { return ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128); }
@@ -110,8 +117,9 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns);
-// - 16-bit launches without partials past a wave from K = 2048 and M > 512: cuBLAS's cooperative 256x128 tile without
-//   the node (row 8), 6-15% faster than row 0 back to back on an H100 (perf/NOTES.md v43);
+// - launches without partials past a wave from K = 2048 and M > 512: cuBLAS's cooperative 256x128 tile without the
+//   node (TF32 row 9, 16-bit row 8); back to back on an H100 6-15% faster than row 0's tile in 16-bit, in TF32 4-18%
+//   faster but at 16384x4096->4096 1-3% slower (perf/NOTES.md v43, v44);
 // - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
 //   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
 // The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row (x split in registers); elsewhere
@@ -161,15 +169,15 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   // N <= 1024 with K > 4096: x, the large operand, is read once per N tile; row 1 halves that (TF32 256-wide tiles,
   // 16-bit x multicast to a 1x2 cluster) where its tiles along N pad nothing (v22).
   if (K > kLongK && N <= kNarrowN && !pads_along_n(config_at(operands, kShortMRow), N)) return kShortMRow;
+  if (!statistics && K >= kWideTileK && tiles >= kWave && M > kFewRows) return wide_tile_row(operands);
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : wide;
-  if (!statistics && K >= kWideTileK && tiles >= kWave && M > kFewRows) return kHalfWideTile;
   return M <= kShortM ? kShortMRow : kWide;
 }
 
 // Where the training statistics come from: finish_normalize's pass over y where it costs less than the epilogue's
 // per-tile reductions, since the GEMM without partials takes a row without the statistics node (v24-v26, v43; the
-// numbers: perf/NOTES.md, "The configuration tables' evidence"). 16-bit wherever that is cuBLAS's 256x128 tile against
-// row 0 with the node (M > 2048, K >= 2048) from a wave to 2048 tiles. Past a wave of 128x128 tiles with K <= 1024
+// numbers: perf/NOTES.md, "The configuration tables' evidence"). Wherever that is cuBLAS's 256x128 tile against row 0
+// with the node: 16-bit (M > 2048, K >= 2048) from a wave to 2048 tiles, TF32 from K = 4096 past a wave. Past a wave of 128x128 tiles with K <= 1024
 // (16-bit: 2048), unless the epilogue's 64x128 grid fills its last wave enough better than the y pass's 128x128 one to
 // outweigh the node (wave_cost; over three waves it never does); and TF32 with N <= 1024 and K > 4096 past a wave,
 // where the cooperative 128x256 row's epilogue follows each tile's mainloop instead of overlapping the next one. Never
@@ -183,10 +191,14 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave) return false;
   const int epilogue_row = select_config(operands, M, N, K, true), y_pass_row = select_config(operands, M, N, K, false);
   const TileConfig& epilogue = config_at(operands, epilogue_row);
-  // 16-bit where the launch without partials takes the 256x128 row and the one with them row 0 (M > 2048), up to 2048
-  // tiles (64 MiB of y): that row's speed outweighs the pass over y there (5-12% faster training forwards on an H100),
-  // and past it no longer (16384x4096->4096 and 65536x4096->4096 within +-4% either way; perf/NOTES.md v43).
-  if (half && tiles_128(M, N) <= kYPassMaxTiles && epilogue_row == kWide && y_pass_row == kHalfWideTile) return true;
+  // Where the launch without partials takes the 256x128 row and the one with them row 0: 16-bit up to 2048 tiles (64
+  // MiB of y), where that row's speed outweighs the pass over y (5-12% faster training forwards on an H100) and past
+  // which it no longer does (16384x4096->4096 and 65536x4096->4096 within +-4% either way; perf/NOTES.md v43); TF32
+  // from K = 4096 at any size (1-11% faster up to 16384 tiles; at K = 2048 2.5% slower: v44).
+  if (epilogue_row == kWide && y_pass_row == wide_tile_row(operands) &&
+      (half ? tiles_128(M, N) <= kYPassMaxTiles : K >= kLongK)) {
+    return true;
+  }
   if (K > kLongK) {
     return operands == GemmOperands::tf32 && N <= kNarrowN && epilogue.pingpong == 0 && epilogue.tile_n == 256;
   }

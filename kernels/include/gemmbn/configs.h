@@ -62,9 +62,9 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators);
 // - launches without partials (eval, the training forward with its statistics from y) take row 0 without the moments
 //   node at short K (and TF32 wherever row 0 runs): the node's per-value work is what the ping-pong epilogue cannot
-//   hide there, and without it 16-bit's 64-column subtiles fit (perf/NOTES.md v23, v24); from K = 2048 16-bit takes
-//   cuBLAS's cooperative 256x128 tile with x multicast (one operand tile loaded per 128x128x64 step against row 0's
-//   1.5; with the node it lost: perf/NOTES.md v43). Such rows (statistics = 0) refuse partials; CMake
+//   hide there, and without it 16-bit's 64-column subtiles fit (perf/NOTES.md v23, v24); from K = 2048 both take
+//   cuBLAS's cooperative 256x128 tile with x multicast (one operand tile loaded per 128x128 step against row 0's
+//   1.5; with the node it lost: perf/NOTES.md v43, v44). Such rows (statistics = 0) refuse partials; CMake
 //   GEMMBN_NO_STATISTICS_ROWS=ON adds experimental ones that no rule picks.
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
@@ -76,9 +76,9 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 6: cooperative 128x128, stream-K (row 4 where its cluster pads)
     {128, 128, 32, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 0 without the statistics node (launches without partials)
     {64, 128, 32, 2, 1, 32, 1, 0, 8},            // 8: row 2, W multicast to 2 CTAs (half its L2 reads of W)
+    {256, 128, 32, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 9: cooperative 256x128 without the node, x multicast (16-bit row 8's)
 #if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
-    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 9: row 7, 64-column epilogue subtiles
-    {256, 128, 32, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 10: cooperative 256x128 without the node, x multicast (16-bit row 8's)
+    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 10: row 7, 64-column epilogue subtiles
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
