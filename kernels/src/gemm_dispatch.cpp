@@ -118,8 +118,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns);
 // - launches without partials past a wave from K = 2048 and M > 512: cuBLAS's cooperative 256x128 tile without the
-//   node (TF32 row 9, 16-bit row 8); back to back on an H100 6-15% faster than row 0's tile in 16-bit, in TF32 4-18%
-//   faster but at 16384x4096->4096 1-3% slower (perf/NOTES.md v43, v44);
+//   node (TF32 row 9, 16-bit row 8); back to back on an H100 6-15% faster than row 0's tile in 16-bit, in TF32 1-14%
+//   faster at six shapes and 1-3% slower at 16384x4096->4096 (perf/NOTES.md v43, v44);
 // - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
 //   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
 // The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row (x split in registers); elsewhere
