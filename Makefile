@@ -48,10 +48,13 @@ ptxas-report: $(VENV)/.deps
 	$(PY) -m pip install --no-build-isolation --no-deps -v . -Ccmake.define.GEMMBN_PTXAS_VERBOSE=ON 2>&1 \
 	  | grep -E "Compiling entry|stack frame|registers" | sed 's/^ *//'
 
-# Mainloop stages and shared memory of every GEMM configuration row (host-only; no GPU needed).
+# Mainloop stages and shared memory of every GEMM configuration row (host-only; no GPU needed); EXPERIMENT_ROWS=1
+# adds the rows of CMake's GEMMBN_EXPERIMENT_ROWS.
+EXPERIMENT_ROWS ?= 0
 config-report: $(VENV)/.deps
 	CUTLASS=$$($(PY) -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('cutlass_library').origin).parent / 'source')") && \
-	mkdir -p build && $(CUDACXX) -std=c++17 -O1 -DNDEBUG --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
+	mkdir -p build && $(CUDACXX) -std=c++17 -O1 -DNDEBUG -DGEMMBN_EXPERIMENT_ROWS=$(EXPERIMENT_ROWS) \
+	  --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a \
 	  -I kernels/include -I $$CUTLASS/include -I $$CUTLASS/tools/util/include perf/config_report.cu -o build/config_report && \
 	build/config_report
 

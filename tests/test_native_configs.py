@@ -136,17 +136,16 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[4]) == (128, 128, 0, 2, 1) and rows[4]["stream_k"] == 0
         assert layout(rows[5]) == (128, 96, 0, 2, 1) and rows[5]["stream_k"] == 0
         # Row 0's tile without the statistics node (TF32 row 7, 16-bit row 6: 64-column subtiles fit without the
-        # node), for launches without partials; past it the 64x128 row with a 2x1 cluster and only the experimental
-        # rows without the node (CMake GEMMBN_NO_STATISTICS_ROWS=ON).
+        # node), for launches without partials; past it the 64x128 row with a 2x1 cluster, then cuBLAS's cooperative
+        # 256x128 tile with x multicast, without the node (launches without partials from K = 2048). The experimental
+        # rows of CMake GEMMBN_EXPERIMENT_ROWS=ON follow.
         without = 7 if tf32 else 6
         assert layout(rows[without]) == layout(rows[0]) and rows[without]["statistics"] == 0
         assert rows[without]["epilogue_n"] == (32 if tf32 else 64)
-        pair = without + 1
+        pair, wide_tile = without + 1, without + 2
         assert layout(rows[pair]) == (64, 128, 1, 2, 1) and rows[pair]["statistics"] == 1
-        assert all(r["statistics"] for r in rows[:without]) and not any(r["statistics"] for r in rows[pair + 1:])
-        # cuBLAS's cooperative 256x128 tile with x multicast, without the node (launches without partials from K = 2048)
-        wide_tile = 9 if tf32 else 8
         assert layout(rows[wide_tile]) == (256, 128, 0, 1, 2) and rows[wide_tile]["statistics"] == 0
+        assert all(r["statistics"] for r in rows[:without])
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.

@@ -65,7 +65,7 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   hide there, and without it 16-bit's 64-column subtiles fit (perf/NOTES.md v23, v24); from K = 2048 both take
 //   cuBLAS's cooperative 256x128 tile with x multicast (one operand tile loaded per 128x128 step against row 0's
 //   1.5; with the node it lost: perf/NOTES.md v43, v44). Such rows (statistics = 0) refuse partials; CMake
-//   GEMMBN_NO_STATISTICS_ROWS=ON adds experimental ones that no rule picks.
+//   GEMMBN_EXPERIMENT_ROWS=ON adds experimental rows that no rule picks.
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
@@ -77,8 +77,12 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 0 without the statistics node (launches without partials)
     {64, 128, 32, 2, 1, 32, 1, 0, 8},            // 8: row 2, W multicast to 2 CTAs (half its L2 reads of W)
     {256, 128, 32, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 9: cooperative 256x128 without the node, x multicast (16-bit row 8's)
-#if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
-    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 10: row 7, 64-column epilogue subtiles
+#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45): picked by no rule
+    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 10: row 7, 64-column epilogue subtiles
+    // 128x16 epilogue subtiles leave the mainloop one more stage than 128x32 ones (fp32 y: 16 KB less shared memory)
+    {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 0},   // 11: row 9 with 4 stages, not 3
+    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 12: cooperative 128x256 without the node, W multicast (cuBLAS's)
+    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 13: row 4 with 6 stages, not 5
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
@@ -91,7 +95,7 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {128, 128, 64, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 6: row 0 without the statistics node, 64-column epilogue subtiles
     {64, 128, 64, 2, 1, 32, 1, 0, 8},            // 7: row 2, W multicast to 2 CTAs (half its L2 reads of W)
     {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 8: cooperative 256x128 without the node, x multicast (cuBLAS's tile)
-#if GEMMBN_NO_STATISTICS_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
+#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
     {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 9: row 6 with 32-column subtiles
     {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 10: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
 #endif
