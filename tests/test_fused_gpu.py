@@ -214,15 +214,20 @@ SOURCE_CASES = [
 @pytest.mark.parametrize("source", ["epilogue", "y"])
 @pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
 def test_statistics_sources_match_float64(source, dtype, precision, shape, monkeypatch):
+    """Outputs and running statistics against float64 with either source of the statistics (_check_hard_batch)."""
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source)
+    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")  # gemmbn's GEMM: the source is what is tested here
+    _check_hard_batch(dtype, precision, shape, source)
+
+
+def _check_hard_batch(dtype, precision, shape, what):
     """Outputs and running statistics (momentum=1: the batch's own) against float64, with every fourth column's mean
     far from its spread and the first rows far out (a partial's first rows need not be typical); the batch counted
     once; the same bits on a second run. mean/std is 1e4 in float32. In 16-bit, storing y rounds it by up to 2^-8
     (bf16) or 2^-11 (fp16) of its size, which the float64 reference (of the unrounded y) does not see: at mean/std
     1e4 that is 40 spreads, so no 16-bit batch norm, eager's included, can match it; there mean/std is 4 (bf16) and 8
-    (fp16), under the output tolerances. (tests/test_finish_emulated.py checks both sources at mean/std 1e4 in every
-    dtype against the statistics of y as stored.)"""
-    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source)
-    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")  # gemmbn's GEMM: the source is what is tested here
+    (fp16), under the output tolerances. (tests/test_finish_emulated.py checks every source and walk at mean/std 1e4 in
+    every dtype against the statistics of y as stored.)"""
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=1.0)
     with torch.no_grad():  # z's spread per column with x ~ U[0, 1): sqrt(sum_k W[n, k]^2 / 12)
@@ -230,17 +235,40 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
         ratio = {torch.float32: 1e4, torch.bfloat16: 4.0, torch.float16: 8.0}[dtype]
         model.gemm.bias[::4] = (ratio * spread[::4]).to(dtype)
     x = _x(M, K, dtype)
-    x[: M // 64] *= 20
+    x[: max(1, M // 64)] *= 20
     second = copy.deepcopy(model)
     out64, bn64 = float64_forward(model, x)
     with fused_path(), torch.no_grad():
         out, again = model(x), second(x)
-    _assert_close_to_float64(out, out64, dtype, precision, f"training output ({source})", M)
+    _assert_close_to_float64(out, out64, dtype, precision, f"training output ({what})", M)
     for name in ("running_mean", "running_var"):
         _assert_close_to_float64(getattr(model.bn, name), getattr(bn64, name), dtype, precision, name, M)
     assert model.bn.num_batches_tracked.item() == 1
     assert torch.equal(out, again)
     assert torch.equal(model.bn.running_var, second.bn.running_var)
+
+
+# The finish's local walk (GEMMBN_FINISH_LOCAL_MERGE=1, read per launch; an experiment, off by default): each block
+# merges its own stripe's statistics from the epilogue's partials, without a grid barrier, and the block of each
+# stripe's first row chunk alone publishes them. Its territory is few partials per column; the shapes span the row
+# heights of the partials (64 to 256 rows), ragged M and N, one row pair (M = 2) and more stripes than blocks.
+LOCAL_WALK_CASES = [
+    pytest.param(torch.float32, "high", (256, 8192, 8192), id="fp32-high-256x8192x8192"),
+    pytest.param(torch.bfloat16, "highest", (1000, 512, 264), id="bf16-1000x512x264"),
+    pytest.param(torch.float16, "highest", (2, 512, 264), id="fp16-2x512x264"),
+    pytest.param(torch.float32, "highest", (2048, 1024, 1032), id="fp32-highest-2048x1024x1032"),
+    pytest.param(torch.bfloat16, "highest", (130, 4096, 1152), id="bf16-130x4096x1152"),
+    pytest.param(torch.float32, "high", (4400, 4096, 1032), id="fp32-high-4400x4096x1032"),  # 35 partials per column
+]
+
+
+@pytest.mark.parametrize(("dtype", "precision", "shape"), LOCAL_WALK_CASES)
+def test_local_walk_matches_float64(dtype, precision, shape, monkeypatch):
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")  # the walk takes the GEMM's partials
+    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
+    monkeypatch.setenv("GEMMBN_FINISH_DATAFLOW", "0")
+    monkeypatch.setenv("GEMMBN_FINISH_LOCAL_MERGE", "1")
+    _check_hard_batch(dtype, precision, shape, "local walk")
 
 
 # The finish's dataflow walk (api.h: FinishNormalizeArgs.tile_columns; forced through GEMMBN_FINISH_DATAFLOW, which the

@@ -226,11 +226,20 @@ def test_partials_survive_a_large_mean(name):
     assert _rel(pm2, m2_ref) < 1e-5
 
 
-@pytest.mark.parametrize("walk", ["0", "1"], ids=["static", "claims"])
+# The finish's walks over the epilogue's partials, each forced per launch: phase 1 behind a grid barrier, then phase 2's
+# items walked statically or claimed (GEMMBN_FINISH_CLAIMS); or the local walk, each block merging its own stripe's
+# statistics without a grid barrier (GEMMBN_FINISH_LOCAL_MERGE).
+FINISH_WALKS = {"static": {"GEMMBN_FINISH_CLAIMS": "0", "GEMMBN_FINISH_LOCAL_MERGE": "0"},
+                "claims": {"GEMMBN_FINISH_CLAIMS": "1", "GEMMBN_FINISH_LOCAL_MERGE": "0"},
+                "local": {"GEMMBN_FINISH_CLAIMS": "", "GEMMBN_FINISH_LOCAL_MERGE": "1"}}  # fmt: skip
+
+
+@pytest.mark.parametrize("walk", list(FINISH_WALKS))
 @pytest.mark.parametrize("name", list(OPERANDS))
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_training_pipeline(name, momentum, walk, monkeypatch):
-    monkeypatch.setenv("GEMMBN_FINISH_CLAIMS", walk)  # phase 2's items walked statically or claimed, read per launch
+    for variable, value in FINISH_WALKS[walk].items():
+        monkeypatch.setenv(variable, value)
     dtype = _dtype(name)
     M, K, N = 1000, 512, 264
     x, w, b, s = _problem(M, K, N, dtype, seed=1)
@@ -269,8 +278,11 @@ def test_training_pipeline(name, momentum, walk, monkeypatch):
     assert _rel(running_var, rv_ref) < stat_tol
 
 
+@pytest.mark.parametrize("walk", ["static", "local"])
 @pytest.mark.parametrize("mean_offset", [1e4, -3e2])
-def test_finish_survives_an_outlying_first_tile(mean_offset):
+def test_finish_survives_an_outlying_first_tile(mean_offset, walk, monkeypatch):
+    for variable, value in FINISH_WALKS[walk].items():
+        monkeypatch.setenv(variable, value)
     # finish_normalize shifts its fp64 sums by tile 0's mean; here tile 0 sits far from every other row
     # and every column's mean far from 0, so a wrong shift, weight or count shows against float64. The
     # partials are computed here in float64 from y, as the GEMM's node defines them, then rounded to fp32.

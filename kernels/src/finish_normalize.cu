@@ -127,6 +127,21 @@ __device__ __forceinline__ void load_bias_scale(FinishParams<T> const& p, int ve
 // gathered moments (the synchronized forward's second launch; issue 19, perf/NOTES.md v18).
 enum class FinishMode { normalize, moments, from_ranks };
 
+// Where a merge of column statistics puts phase 2's factors (alpha and delta of the columns from first_column on) and
+// whether it publishes the statistics (save_mean, save_invstd, the running statistics: once per column and launch). The
+// barrier walks: the workspace's factors of every column, published; finish_local_kernel: its block's stripe, in shared
+// memory, published by one block per stripe.
+struct ColumnFactors {
+  float* alpha;
+  float* delta;
+  int first_column;
+  bool publish;
+};
+template <class T>
+__device__ __forceinline__ ColumnFactors workspace_factors(FinishParams<T> const& p) {
+  return {p.alpha, p.delta, 0, true};
+}
+
 // Phase 0 (the y-pass variant), per work item (phase 2's: a column stripe x a row chunk of rows_per_chunk = tile_rows
 // rows): partial_mean[chunk, n], partial_m2[chunk, n] = mean and M2 of y as stored over the chunk's rows, as the
 // GEMM's epilogue makes them per tile. Welford's update per thread over its rows (fp32: stable where the first rows
@@ -207,7 +222,8 @@ __device__ void partials_of_y(FinishParams<T> const& p) {
 // from_ranks: n_t is rank t's count, M their sum, c the first mean of a rank with rows (a rank without rows adds
 // nothing). moments: the launch writes rows, mean_y and M2 = M var_y instead of the statistics' uses.
 template <int merge_columns, FinishMode kMode, class T>
-__device__ void merge_column_group(FinishParams<T> const& p, int group, double* lane_s1, double* lane_s2) {
+__device__ void merge_column_group(FinishParams<T> const& p, int group, double* lane_s1, double* lane_s2,
+                                   ColumnFactors factors) {
   constexpr bool kRanks = kMode == FinishMode::from_ranks;
   constexpr int merge_lanes = kThreads / merge_columns;
   const int column_offset = threadIdx.x % merge_columns, tile_lane = threadIdx.x / merge_columns;
@@ -223,7 +239,7 @@ __device__ void merge_column_group(FinishParams<T> const& p, int group, double* 
     if constexpr (kMode != FinishMode::moments) {
       if (tile_lane == 0 && valid) {
         gamma = static_cast<float>(load_or(p.gamma, col, 1.0)), beta = static_cast<float>(load_or(p.beta, col, 0.0));
-        if (p.running_mean != nullptr) {
+        if (p.running_mean != nullptr && factors.publish) {
           old_mean = to_float(p.running_mean[col]), old_var = to_float(p.running_var[col]);
           f = p.cumulative ? 1.0 / static_cast<double>(*p.batches_tracked) : p.momentum;
         }
@@ -280,14 +296,16 @@ __device__ void merge_column_group(FinishParams<T> const& p, int group, double* 
         p.moments_out[2 * p.N + col] = static_cast<float>(var_y * rows);
       } else {
         const float mean32 = static_cast<float>(mean), invstd32 = static_cast<float>(1.0 / sqrt(var_y + p.eps));
-        p.save_mean[col] = mean32;
-        p.save_invstd[col] = invstd32;
         // phase 2's factors, from the saved statistics: alpha = gamma invstd, delta = beta - mean alpha (fp32, as
         // PyTorch's BatchNorm forms them)
         const float alpha = gamma * invstd32;
-        p.alpha[col] = alpha;
-        p.delta[col] = fmaf(-mean32, alpha, beta);
-        if (p.running_mean != nullptr) {
+        factors.alpha[col - factors.first_column] = alpha;
+        factors.delta[col - factors.first_column] = fmaf(-mean32, alpha, beta);
+        if (factors.publish) {
+          p.save_mean[col] = mean32;
+          p.save_invstd[col] = invstd32;
+        }
+        if (p.running_mean != nullptr && factors.publish) {
           const double unbiased = var_y * rows / (rows - 1);
           p.running_mean[col] = from_float<T>(static_cast<float>((1 - f) * old_mean + f * mean));
           p.running_var[col] = from_float<T>(static_cast<float>((1 - f) * old_var + f * unbiased));
@@ -302,7 +320,7 @@ template <int merge_columns, FinishMode kMode, class T>
 __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s1, double* lane_s2) {
   const int groups = (p.N + merge_columns - 1) / merge_columns;
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
-    merge_column_group<merge_columns, kMode>(p, group, lane_s1, lane_s2);
+    merge_column_group<merge_columns, kMode>(p, group, lane_s1, lane_s2, workspace_factors(p));
   }
 }
 
@@ -310,9 +328,9 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
 template <class T>
 __device__ void merge_one_group(FinishParams<T> const& p, int group, double* lane_s1, double* lane_s2) {
   switch (p.merge_columns) {
-    case 4: merge_column_group<4, FinishMode::normalize>(p, group, lane_s1, lane_s2); break;
-    case 8: merge_column_group<8, FinishMode::normalize>(p, group, lane_s1, lane_s2); break;
-    default: merge_column_group<16, FinishMode::normalize>(p, group, lane_s1, lane_s2); break;
+    case 4: merge_column_group<4, FinishMode::normalize>(p, group, lane_s1, lane_s2, workspace_factors(p)); break;
+    case 8: merge_column_group<8, FinishMode::normalize>(p, group, lane_s1, lane_s2, workspace_factors(p)); break;
+    default: merge_column_group<16, FinishMode::normalize>(p, group, lane_s1, lane_s2, workspace_factors(p)); break;
   }
 }
 
@@ -322,7 +340,7 @@ __device__ void merge_one_group(FinishParams<T> const& p, int group, double* lan
 // that the first reads find the rows phase 0 read last still in L2 (0.3-4% off the y-pass forward: perf/NOTES.md v18).
 // kProduct: y = (v + b) s first (product_to_y), written to pre_norm where kept.
 template <class T, bool kLastRowsFirst, bool kProduct>
-__device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int item) {
+__device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int item, ColumnFactors const& factors) {
   using Vec = Vector16<T>;
   constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;  // columns per stripe
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
@@ -346,8 +364,9 @@ __device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int ite
   float alpha[V], delta[V];  // V floats each, 16-byte aligned: vector_col is a multiple of V, alpha and delta of 4
 #pragma unroll
   for (int i = 0; i < V; i += 4) {
-    *reinterpret_cast<float4*>(alpha + i) = *reinterpret_cast<const float4*>(p.alpha + vector_col + i);
-    *reinterpret_cast<float4*>(delta + i) = *reinterpret_cast<const float4*>(p.delta + vector_col + i);
+    const int at = vector_col - factors.first_column + i;
+    *reinterpret_cast<float4*>(alpha + i) = *reinterpret_cast<const float4*>(factors.alpha + at);
+    *reinterpret_cast<float4*>(delta + i) = *reinterpret_cast<const float4*>(factors.delta + at);
   }
   float bias[V], scale[V];
   if constexpr (kProduct) load_bias_scale(p, vector_col, bias, scale);
@@ -381,7 +400,7 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
     const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
     for (int item = kLastRowsFirst ? last_item : first; kLastRowsFirst ? item >= 0 : item < p.items;
          item += kLastRowsFirst ? -blocks : blocks) {
-      normalize_item<T, kLastRowsFirst, kProduct>(p, item);
+      normalize_item<T, kLastRowsFirst, kProduct>(p, item, workspace_factors(p));
     }
     return;
   }
@@ -391,7 +410,7 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
   int item = claimed[0];
   for (int k = 1; item < p.items; ++k) {  // uniform across the block
     if (threadIdx.x == 0) claimed[k & 1] = atomicAdd(p.claim_counter, 1);
-    normalize_item<T, kLastRowsFirst, kProduct>(p, p.items - 1 - item);
+    normalize_item<T, kLastRowsFirst, kProduct>(p, p.items - 1 - item, workspace_factors(p));
     __syncthreads();
     item = claimed[k & 1];
   }
@@ -419,6 +438,26 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
   if (p.claim_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.claim_counter = 0;
   cg::this_grid().sync();  // also orders phase 1's save_mean/save_invstd writes (and the zeroed counter) before phase 2
   normalize_rows<T, /*kLastRowsFirst=*/kFromY, kProduct>(p);
+}
+
+// The local walk (finish_merges_locally): the finish without a grid barrier, for the GEMM epilogue's partials. Per work
+// item a block merges the statistics of the item's column stripe itself, from every partial of those columns, into
+// shared memory (merge_column_group over one group of the stripe's columns), then normalizes the item's rows; the block
+// of the stripe's first row chunk alone saves the statistics and updates the running ones. So every block of a stripe
+// reads its partials: cheap where a column has few (M <= 2048 at 128-row tiles), where phase 1 and the grid barrier
+// are the barrier walk's fixed cost. The lanes' sums associate otherwise than phase 1's: not its bits, to the ulp.
+template <class T>
+__global__ void __launch_bounds__(kThreads) finish_local_kernel(FinishParams<T> p) {
+  constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
+  __shared__ double lane_s1[kThreads], lane_s2[kThreads];
+  __shared__ __align__(16) float alpha[kCols], delta[kCols];
+  wait_for_preceding_grids();  // the GEMM's y, partials and batches_tracked (a programmatic launch)
+  for (int item = blockIdx.x; item < p.items; item += gridDim.x) {  // uniform across the block
+    const int stripe = item % p.stripes;
+    const ColumnFactors factors{alpha, delta, stripe * kCols, /*publish=*/item < p.stripes};  // row chunk 0
+    merge_column_group<kCols, FinishMode::normalize>(p, stripe, lane_s1, lane_s2, factors);  // ends with a barrier
+    normalize_item<T, false, false>(p, item, factors);
+  }
 }
 
 // The dataflow walk (train_forward with the GEMM's tile flow, tile_flow.h; perf/NOTES.md v33, v35), launched while the
@@ -509,7 +548,7 @@ __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<
       held = atomicAdd(item_claims, 1), held_stripe = -1;
       read_stripe();
     }
-    normalize_item<T, false, false>(p, (passes - 1 - index % passes) * p.stripes + stripe);
+    normalize_item<T, false, false>(p, (passes - 1 - index % passes) * p.stripes + stripe, workspace_factors(p));
     __syncthreads();
     // Once every stripe is queued, the block copies the queue into shared memory and reads no entry again.
     if (!queue_complete) {  // uniform: read after a barrier, written below after another
@@ -645,6 +684,15 @@ Status claiming_blocks(int max_blocks, int& blocks) {
   return Status::success();
 }
 
+// Whether a launch with the GEMM epilogue's partials takes the local walk (finish_local_kernel): GEMMBN_FINISH_LOCAL_MERGE=1,
+// read at each launch. EXPERIMENT, off (perf/NOTES.md v45; not yet run on a GPU): the rule to measure is at most 16
+// partials per column, where the barrier walk's phase 1 and grid barrier cost the small shapes a fixed few microseconds
+// (256x8192->8192 TF32 on an H100: 12.5 us after the GEMM against torch.compile's 4.2).
+bool finish_merges_locally() {
+  const char* set = std::getenv("GEMMBN_FINISH_LOCAL_MERGE");
+  return set != nullptr && set[0] == '1';
+}
+
 // Whether the dataflow walk's blocks claim a normalize item first (finish_dataflow_kernel): GEMMBN_FLOW_ITEMS_FIRST=1,
 // read at each launch; else a statistics job, the walk measured in perf/NOTES.md v33-v34. EXPERIMENT, off: items first
 // normalizes the stripes the GEMM finished early beside its last wave, but that does not shorten the walk's tail (the
@@ -687,14 +735,18 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_work<T, kFromY>(a.M, a.N, work, max_blocks); !s) return s;
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
   bool claims = false;
+  constexpr bool kLocalWalk = !kFromY && kMode == FinishMode::normalize && !kProduct;  // a variant the local walk has
+  const bool local = kLocalWalk && finish_merges_locally();
   if constexpr (!kFromY && kMode != FinishMode::moments) {
-    constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
-    const int64_t claim_items = pass_items(a.dtype, a.M, a.N);
-    int claim_blocks = 0;
-    if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
-    claims = claim_items <= std::numeric_limits<int>::max() - claim_blocks &&
-             finish_claims_items(a.M, a.N, sizeof(T), claim_blocks);
-    if (claims) work.rows_per_chunk = kPassRows, work.items = claim_items, max_blocks = claim_blocks;
+    if (!local) {
+      constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+      const int64_t claim_items = pass_items(a.dtype, a.M, a.N);
+      int claim_blocks = 0;
+      if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
+      claims = claim_items <= std::numeric_limits<int>::max() - claim_blocks &&
+               finish_claims_items(a.M, a.N, sizeof(T), claim_blocks);
+      if (claims) work.rows_per_chunk = kPassRows, work.items = claim_items, max_blocks = claim_blocks;
+    }
   }
   // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
   // each block would otherwise merge several column groups one after another.
@@ -723,6 +775,13 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
     p.alpha = static_cast<float*>(a.workspace);
     p.delta = p.alpha + N;
     if (claims) p.claim_counter = reinterpret_cast<int*>(p.delta + N);
+  }
+  if constexpr (kLocalWalk) {  // no grid barrier: a plain launch, the items over at most the resident blocks
+    if (local) {
+      const int local_blocks = static_cast<int>(std::min<int64_t>(work.items, max_blocks));
+      return Status::from_cuda(launch_plain(&finish_local_kernel<T>, local_blocks, kThreads, p, stream),
+                               "launching finish_normalize (local)");
+    }
   }
   return Status::from_cuda(launch_cooperative(kernel, blocks, kThreads, p, stream),
                            "launching finish_normalize (cooperative)");

@@ -50,13 +50,18 @@ struct Worst {
 // jobs first with the GEMM's tiles stored along N (every column tile complete only with the last row band), or items
 // first with them stored along M (column tile by column tile); each as one block, and as kGridBlocks blocks at once (a
 // process each), whose claims, stripe counts and waits then meet across blocks as on the GPU.
-enum Source { kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid };
-constexpr Source kSources[] = {kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid};
+// Or the epilogue's through the local walk (finish_local_kernel: each block merges its stripe's statistics itself), as
+// one block and as kGridBlocks blocks at once, whose stripes' first row chunks alone publish the statistics.
+enum Source {
+  kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid, kLocal, kLocalGrid
+};
+constexpr Source kSources[] = {kEpilogue,    kYPass,        kRanks,          kProduct, kClaims,   kDataflow,
+                               kItemsFirst,  kDataflowGrid, kItemsFirstGrid, kLocal,   kLocalGrid};
 constexpr int kGridBlocks = 3;
 const char* source_name(Source s) {
   return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : s == kProduct ? "product"
          : s == kClaims ? "claims" : s == kDataflow ? "dataflow" : s == kItemsFirst ? "items 1st"
-         : s == kDataflowGrid ? "flow x3" : "items x3";
+         : s == kDataflowGrid ? "flow x3" : s == kItemsFirstGrid ? "items x3" : s == kLocal ? "local" : "local x3";
 }
 
 // The GEMM's side of the dataflow walk, run on its own thread beside the finish's block: batches_tracked counted
@@ -226,7 +231,7 @@ Worst run_case(const Case& c, Source source) {
                     work.stripes, work.rows_per_chunk, int(work.items)};
   std::vector<float> factors(2 * size_t(N), NAN);  // the workspace's alpha and delta (poisoned: phase 1 writes them)
   p.alpha = factors.data(), p.delta = factors.data() + N;
-  bool ranks_agree = true, y_written = true, claims_counted = true;
+  bool ranks_agree = true, y_written = true, claims_counted = true, grid_ended = true;
   if (source == kRanks) {
     ranks_agree = run_ranks(c, y, out, p);
   } else if (product) {
@@ -294,6 +299,15 @@ Worst run_case(const Case& c, Source source) {
                      flow[TileFlow::kItemClaims] == p.items + blocks && flow[TileFlow::kStripesQueued] == work.stripes &&
                      std::all_of(queued.begin(), queued.end(), [](int q) { return q == 1; }) && streamed_early &&
                      blocks_ended;
+  } else if (source == kLocal) {  // the workspace's factors stay poisoned: the walk keeps its own in shared memory
+    emulation::run_block(kThreads, [&p] { finish_local_kernel<T>(p); });
+  } else if (source == kLocalGrid) {
+    emulation::SharedBuffers shared(size_t(M) * N * sizeof(T) + size_t(N) * (2 * sizeof(T) + 2 * sizeof(float)) + 4096);
+    FinishParams<T> q = p;
+    shared.share(q.out, size_t(M) * N), shared.share(q.running_mean, N), shared.share(q.running_var, N);
+    shared.share(q.save_mean, N), shared.share(q.save_invstd, N);
+    grid_ended = emulation::run_grid_of_processes(kThreads, kGridBlocks, [&q] { finish_local_kernel<T>(q); }, [] {});
+    shared.copy_back();
   } else {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T>(p); });
   }
@@ -331,6 +345,7 @@ Worst run_case(const Case& c, Source source) {
   if (!ranks_agree) worst.running = 1e30;  // every rank holds bitwise the same statistics
   if (!y_written) worst.out = 1e30;        // the product variant's kept y is the epilogue's, bit for bit
   if (!claims_counted) worst.out = 1e30;   // every item (and dataflow job) claimed once, every stripe queued once
+  if (!grid_ended) worst.out = 1e30;       // every block of a grid of processes ended
   return worst;
 }
 

@@ -55,6 +55,14 @@ cudaError_t launch_cooperative(void (*kernel)(Params), int blocks, int threads, 
   return detail::launch_with(kernel, blocks, threads, params, stream, attributes, GEMMBN_PROGRAMMATIC_LAUNCH ? 2u : 1u);
 }
 
+// kernel<<<blocks, threads, 0, stream>>>(params) for a kernel without a grid barrier, programmatic where
+// GEMMBN_PROGRAMMATIC_LAUNCH.
+template <class Params>
+cudaError_t launch_plain(void (*kernel)(Params), int blocks, int threads, Params& params, cudaStream_t stream) {
+  cudaLaunchAttribute attribute = detail::programmatic_serialization();
+  return detail::launch_with(kernel, blocks, threads, params, stream, &attribute, GEMMBN_PROGRAMMATIC_LAUNCH ? 1u : 0u);
+}
+
 // kernel<<<blocks, threads, 0, stream>>>(params) as a programmatic dependent launch, always: its blocks may start once
 // every block of the kernel before it (the GEMM) has triggered its dependents, so the kernel orders its own reads
 // (finish_dataflow_kernel: the GEMM's tile flow, tile_flow.h).
