@@ -64,6 +64,16 @@
 #                     c1x2) without the node at the H100's trailing TF32 shapes, then the TF32 forward there by the rule
 #                     (row 9, the y pass from K = 4096) against row 0's tile (GEMMBN_STATISTICS_SOURCE=epilogue,
 #                     GEMMBN_PLAIN_ROW=7: the rule before v44 at these shapes)
+#   tf32-stages       TF32 rows with one more mainloop stage (perf/NOTES.md v45; carry a GEMMBN_EXPERIMENT_ROWS=ON
+#                     build): tune_gemm with the node over row 4 and row 13 (its 128x16 subtiles: 6 stages, not 5) at four
+#                     one-wave long-K shapes; then as wide-tiles-tf32 over rows 0, 1, 7, 9, 11 (row 9 with 4 stages,
+#                     not 3) and 12 (cooperative 128x256 c2x1 without the node, 4 stages: cuBLAS's TF32 tile, W
+#                     multicast) at six TF32 shapes behind cuBLAS, the forward by the rule against GEMMBN_PLAIN_ROW=11,
+#                     =12 and 11 with the y pass
+#   finish-local      the finish's local walk (perf/NOTES.md v45; GEMMBN_FINISH_LOCAL_MERGE, read per launch): its GPU
+#                     tests, then the training forward with it against the barrier walk at small shapes (few partials
+#                     per column; GEMMBN_LOCAL_SIZES to change), TF32 and bf16, perf/ab.sh, three rounds, back to back
+#                     and synchronized (bench.py --sync)
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -93,27 +103,34 @@ steps=${*:-build smoke tests tune tune-short finish-bandwidth breakdown bench ma
 deadline=$(( $(date +%s) + ${GEMMBN_SESSION_SECONDS:-560} ))
 # limit SECONDS: the step's limit, or what is left of the call (less a margin for the archive).
 limit() { local left=$(( deadline - $(date +%s) - 10 )); echo $(( left < $1 ? left : $1 )); }
-# wide-tiles / wide-tiles-tf32: every row's GPU test, tune_gemm over ROWS without the statistics node at SIZES
-# (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against SIDE (perf/ab.sh NAME:ENV, two rounds).
-#   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDE SIZES
+# require_rows DTYPE ROWS: stop where the carried build lacks a row ROWS names. tune_gemm would skip such a row and
+# GEMMBN_PLAIN_ROW would ignore it (the rule's row then runs on both sides of an A/B: the rule timed against itself).
+require_rows() {
+  python3 -c "from gemmbn import debug; n = len(debug.gemm_configs('$1')); missing = [r for r in ($2,) if r >= n]
+raise SystemExit(f'$name: rows {missing} are not in this build ({n} $1 rows); carry the build that has them'
+                 if missing else 0)"
+}
+# wide-tiles / wide-tiles-tf32 / tf32-stages: every row's GPU test, tune_gemm over ROWS without the statistics node at
+# SIZES (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against each of SIDES (perf/ab.sh NAME:ENV,
+# space-separated; two rounds).
+#   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDES SIZES
 wide_tile_check() {
-  local prefix=$1 dtype=$2 config=$3 rows=$4 side=$5 sizes=${GEMMBN_TUNE_SIZES:-$6} shapes size_args=() shape
-  # A row the carried build lacks would be skipped by tune_gemm and ignored by GEMMBN_PLAIN_ROW (the rule's row runs
-  # on both sides): stop instead of timing the rule against itself.
-  python3 -c "from gemmbn import debug; n = len(debug.gemm_configs('$dtype')); missing = [r for r in ($rows,) if r >= n]
-raise SystemExit(f'$name: rows {missing} are not in this build ({n} $dtype rows); carry the build that has them'
-                 if missing else 0)" || return 1
+  local prefix=$1 dtype=$2 config=$3 rows=$4 sizes=${GEMMBN_TUNE_SIZES:-$6} shapes size_args=() shape sides side
+  local summary_files=()
+  read -r -a sides <<< "$5"
+  require_rows "$dtype" "$rows" || return 1
   timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
     | tee "$out/$prefix-tests.log" | tail -3
   IFS=';' read -r -a shapes <<< "$sizes"
   for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
   timeout $(limit 150) python3 perf/tune_gemm.py --dtypes "$dtype" --no-stats --rows "$rows" --rasters 0 --swizzles 0 \
     --iters 20 "${size_args[@]}" --out "$out/tune-$prefix.csv" 2>&1 | tee "$out/tune-$prefix.txt" \
-    | awk '/:/{c=0} {c++; if (c<=6) print}'
-  timeout $(limit 200) bash perf/ab.sh "$out/$prefix-ab" rule:GEMMBN_PLAIN_ROW= "$side" 2 \
+    | awk '/:/{c=0} {c++; if (c<=8) print}'
+  timeout $(limit 260) bash perf/ab.sh "$out/$prefix-ab" rule:GEMMBN_PLAIN_ROW= "${sides[@]}" 2 \
     -- perf/bench.py --sizes "$sizes" --configs "$config" --providers gemmbn,eager --no-compile --iters 20 \
     --out "$out/$prefix-ab/bench_{side}_{round}.csv" > "$out/$prefix-ab.log" 2>&1
-  python3 perf/ab_summary.py "$out/$prefix-ab"/bench_rule_*.csv "$out/$prefix-ab"/bench_"${side%%:*}"_*.csv \
+  for side in "${sides[@]}"; do summary_files+=("$out/$prefix-ab"/bench_"${side%%:*}"_*.csv); done
+  python3 perf/ab_summary.py "$out/$prefix-ab"/bench_rule_*.csv "${summary_files[@]}" \
     --out "$out/$prefix-ab.csv" --note "perf/gpu_session.sh $name at $GEMMBN_COMMIT" | tee "$out/$prefix-ab.md"
 }
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -353,6 +370,27 @@ for name in $steps; do
     wide-tiles-tf32)
       wide_tile_check wide-tf32 float32 tf32 0,7,9 row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=7 \
         "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 4096 4096;1024 4096 4096" ;;
+    finish-local)
+      timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py -k local_walk tests/test_native_gpu.py \
+        -k "training_pipeline or outlying_first_tile" 2>&1 | tee "$out/finish-local-tests.log" | tail -3
+      sizes="${GEMMBN_LOCAL_SIZES:-256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512}"
+      for method in back-to-back sync; do
+        sync_arg=(); [[ $method == sync ]] && sync_arg=(--sync)
+        timeout $(limit 200) bash perf/ab.sh "$out/finish-local-$method" barrier:GEMMBN_FINISH_LOCAL_MERGE=0 \
+          local:GEMMBN_FINISH_LOCAL_MERGE=1 3 -- perf/bench.py --sizes "$sizes" --configs tf32,bf16 \
+          --providers gemmbn,eager --no-compile --iters 30 "${sync_arg[@]}" \
+          --out "$out/finish-local-$method/bench_{side}_{round}.csv" > "$out/finish-local-$method.log" 2>&1
+        python3 perf/ab_summary.py "$out/finish-local-$method"/bench_barrier_*.csv \
+          "$out/finish-local-$method"/bench_local_*.csv --out "$out/finish-local-$method.csv" \
+          --note "perf/gpu_session.sh finish-local ($method) at $GEMMBN_COMMIT" | tee "$out/finish-local-$method.md"
+      done ;;
+    tf32-stages)
+      require_rows float32 4,13 || continue
+      timeout $(limit 100) python3 perf/tune_gemm.py --dtypes float32 --rows 4,13 --rasters 0 --swizzles 0 --iters 20 \
+        --size 4096 8192 512 --size 256 8192 8192 --size 1024 8192 2048 --size 2048 4096 1024 \
+        --out "$out/tune-tf32-one-wave.csv" 2>&1 | tee "$out/tune-tf32-one-wave.txt" | awk '/:/{c=0} {c++; if (c<=5) print}'
+      wide_tile_check tf32-stages float32 tf32 0,1,7,9,11,12 "row11:GEMMBN_PLAIN_ROW=11 row12:GEMMBN_PLAIN_ROW=12 row11y:GEMMBN_PLAIN_ROW=11,GEMMBN_STATISTICS_SOURCE=y" \
+        "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 1024 1024" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do
