@@ -64,12 +64,12 @@
 #                     c1x2) without the node at the H100's trailing TF32 shapes, then the TF32 forward there by the rule
 #                     (row 9, the y pass from K = 4096) against row 0's tile (GEMMBN_STATISTICS_SOURCE=epilogue,
 #                     GEMMBN_PLAIN_ROW=7: the rule before v44 at these shapes)
-#   tf32-stages       TF32 rows with one more mainloop stage (perf/NOTES.md v45; carry a GEMMBN_EXPERIMENT_ROWS=ON
-#                     build): tune_gemm with the node over row 4 and row 13 (its 128x16 subtiles: 6 stages, not 5) at four
-#                     one-wave long-K shapes; then as wide-tiles-tf32 over rows 0, 1, 7, 9, 11 (row 9 with 4 stages,
-#                     not 3) and 12 (cooperative 128x256 c2x1 without the node, 4 stages: cuBLAS's TF32 tile, W
-#                     multicast) at six TF32 shapes behind cuBLAS, the forward by the rule against GEMMBN_PLAIN_ROW=11,
-#                     =12 and 11 with the y pass
+#   tf32-stages       TF32's 4-stage rows (perf/NOTES.md v45; carry a GEMMBN_EXPERIMENT_ROWS=ON build): tune_gemm with
+#                     the node over row 4 and row 12 (its 128x16 subtiles: 6 stages, not 5) at four one-wave long-K
+#                     shapes; then as wide-tiles-tf32 over rows 0, 1, 7, 9 (4 stages since v45) and 11 (cooperative
+#                     128x256 c2x1 without the node, 4 stages) at six TF32 shapes, the forward by the rule against the y
+#                     pass on row 9 everywhere (GEMMBN_STATISTICS_SOURCE=y: the TF32 clause past its K = 4096 and 2048
+#                     tiles) and on row 11
 #   finish-local      the finish's local walk (perf/NOTES.md v45; GEMMBN_FINISH_LOCAL_MERGE, read per launch): its GPU
 #                     tests, then the training forward with it against the barrier walk at small shapes (few partials
 #                     per column; GEMMBN_LOCAL_SIZES to change), TF32 and bf16, perf/ab.sh, three rounds, back to back
@@ -112,7 +112,8 @@ raise SystemExit(f'$name: rows {missing} are not in this build ({n} $1 rows); ca
 }
 # wide-tiles / wide-tiles-tf32 / tf32-stages: every row's GPU test, tune_gemm over ROWS without the statistics node at
 # SIZES (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against each of SIDES (perf/ab.sh NAME:ENV,
-# space-separated; two rounds).
+# space-separated; two rounds; cuBLAS's addmm timed in the same lines, whose drift between sides shows the device's:
+# perf/NOTES.md v44).
 #   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDES SIZES
 wide_tile_check() {
   local prefix=$1 dtype=$2 config=$3 rows=$4 sizes=${GEMMBN_TUNE_SIZES:-$6} shapes size_args=() shape sides side
@@ -127,7 +128,7 @@ wide_tile_check() {
     --iters 20 "${size_args[@]}" --out "$out/tune-$prefix.csv" 2>&1 | tee "$out/tune-$prefix.txt" \
     | awk '/:/{c=0} {c++; if (c<=8) print}'
   timeout $(limit 260) bash perf/ab.sh "$out/$prefix-ab" rule:GEMMBN_PLAIN_ROW= "${sides[@]}" 2 \
-    -- perf/bench.py --sizes "$sizes" --configs "$config" --providers gemmbn,eager --no-compile --iters 20 \
+    -- perf/bench.py --sizes "$sizes" --configs "$config" --providers gemmbn,eager,cublas --no-compile --iters 20 \
     --out "$out/$prefix-ab/bench_{side}_{round}.csv" > "$out/$prefix-ab.log" 2>&1
   for side in "${sides[@]}"; do summary_files+=("$out/$prefix-ab"/bench_"${side%%:*}"_*.csv); done
   python3 perf/ab_summary.py "$out/$prefix-ab"/bench_rule_*.csv "${summary_files[@]}" \
@@ -371,8 +372,8 @@ for name in $steps; do
       wide_tile_check wide-tf32 float32 tf32 0,7,9 row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=7 \
         "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 4096 4096;1024 4096 4096" ;;
     finish-local)
-      timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py -k local_walk tests/test_native_gpu.py \
-        -k "training_pipeline or outlying_first_tile" 2>&1 | tee "$out/finish-local-tests.log" | tail -3
+      timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py tests/test_native_gpu.py \
+        -k "local_walk or training_pipeline or outlying_first_tile" 2>&1 | tee "$out/finish-local-tests.log" | tail -3
       sizes="${GEMMBN_LOCAL_SIZES:-256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512}"
       for method in back-to-back sync; do
         sync_arg=(); [[ $method == sync ]] && sync_arg=(--sync)
@@ -385,11 +386,11 @@ for name in $steps; do
           --note "perf/gpu_session.sh finish-local ($method) at $GEMMBN_COMMIT" | tee "$out/finish-local-$method.md"
       done ;;
     tf32-stages)
-      require_rows float32 4,13 || continue
-      timeout $(limit 100) python3 perf/tune_gemm.py --dtypes float32 --rows 4,13 --rasters 0 --swizzles 0 --iters 20 \
+      require_rows float32 4,12 || continue
+      timeout $(limit 100) python3 perf/tune_gemm.py --dtypes float32 --rows 4,12 --rasters 0 --swizzles 0 --iters 20 \
         --size 4096 8192 512 --size 256 8192 8192 --size 1024 8192 2048 --size 2048 4096 1024 \
         --out "$out/tune-tf32-one-wave.csv" 2>&1 | tee "$out/tune-tf32-one-wave.txt" | awk '/:/{c=0} {c++; if (c<=5) print}'
-      wide_tile_check tf32-stages float32 tf32 0,1,7,9,11,12 "row11:GEMMBN_PLAIN_ROW=11 row12:GEMMBN_PLAIN_ROW=12 row11y:GEMMBN_PLAIN_ROW=11,GEMMBN_STATISTICS_SOURCE=y" \
+      wide_tile_check tf32-stages float32 tf32 0,1,7,9,11 "row9y:GEMMBN_STATISTICS_SOURCE=y row11y:GEMMBN_PLAIN_ROW=11,GEMMBN_STATISTICS_SOURCE=y" \
         "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 1024 1024" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"

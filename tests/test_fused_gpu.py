@@ -248,10 +248,10 @@ def _check_hard_batch(dtype, precision, shape, what):
     assert torch.equal(model.bn.running_var, second.bn.running_var)
 
 
-# The finish's local walk (GEMMBN_FINISH_LOCAL_MERGE=1, read per launch; an experiment, off by default): each block
-# merges its own stripe's statistics from the epilogue's partials, without a grid barrier, and the block of each
-# stripe's first row chunk alone publishes them. Its territory is few partials per column; the shapes span the row
-# heights of the partials (64 to 256 rows), ragged M and N, one row pair (M = 2) and more stripes than blocks.
+# The finish's local walk (forced by GEMMBN_FINISH_LOCAL_MERGE=1, read per launch; the rule's at up to 16 partials per
+# column): each block merges its own stripe's statistics from the epilogue's partials, without a grid barrier, and the
+# block of each stripe's first row chunk alone publishes them. The shapes span the row heights of the partials (64 to
+# 256 rows), ragged M and N, one row pair (M = 2), more stripes than blocks, and 35 partials per column (past the rule).
 LOCAL_WALK_CASES = [
     pytest.param(torch.float32, "high", (256, 8192, 8192), id="fp32-high-256x8192x8192"),
     pytest.param(torch.bfloat16, "highest", (1000, 512, 264), id="bf16-1000x512x264"),
@@ -309,6 +309,7 @@ def test_dataflow_finish_matches_the_barrier_walk(dtype, precision, shape, momen
     statistics against float64."""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")  # the walk takes the GEMM's partials
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
+    monkeypatch.setenv("GEMMBN_FINISH_LOCAL_MERGE", "0")  # "barrier": the barrier walk, whose bits the walk has
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=momentum)
     xs = [_x(M, K, dtype) for _ in range(2)]
@@ -504,6 +505,7 @@ def test_cuda_graph_replay_of_the_dataflow_walk(dtype, precision, shape, items_f
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "epilogue")  # the walk takes the GEMM's partials
     monkeypatch.setenv("GEMMBN_FLOW_ITEMS_FIRST", items_first)
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
+    monkeypatch.setenv("GEMMBN_FINISH_LOCAL_MERGE", "0")  # the eager forwards' barrier walk, whose bits the walk has
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=None)
     eager = copy.deepcopy(model)

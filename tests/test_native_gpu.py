@@ -228,7 +228,7 @@ def test_partials_survive_a_large_mean(name):
 
 # The finish's walks over the epilogue's partials, each forced per launch: phase 1 behind a grid barrier, then phase 2's
 # items walked statically or claimed (GEMMBN_FINISH_CLAIMS); or the local walk, each block merging its own stripe's
-# statistics without a grid barrier (GEMMBN_FINISH_LOCAL_MERGE).
+# statistics without a grid barrier (GEMMBN_FINISH_LOCAL_MERGE; the rule's up to 16 partials per column).
 FINISH_WALKS = {"static": {"GEMMBN_FINISH_CLAIMS": "0", "GEMMBN_FINISH_LOCAL_MERGE": "0"},
                 "claims": {"GEMMBN_FINISH_CLAIMS": "1", "GEMMBN_FINISH_LOCAL_MERGE": "0"},
                 "local": {"GEMMBN_FINISH_CLAIMS": "", "GEMMBN_FINISH_LOCAL_MERGE": "1"}}  # fmt: skip
@@ -325,6 +325,7 @@ def test_finish_claims_match_the_static_walk(dtype, monkeypatch):
     beta = torch.randn(N, device="cuda", generator=g).to(dtype)
     running = torch.randn(2, N, device="cuda", generator=g).abs().to(dtype)
     results = {}
+    monkeypatch.setenv("GEMMBN_FINISH_LOCAL_MERGE", "0")  # the barrier walk (47 partials per column: its rule's too)
     for walk in ("0", "1"):
         monkeypatch.setenv("GEMMBN_FINISH_CLAIMS", walk)
         out = torch.full_like(y, float("nan"))

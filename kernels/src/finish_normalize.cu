@@ -440,8 +440,8 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
   normalize_rows<T, /*kLastRowsFirst=*/kFromY, kProduct>(p);
 }
 
-// The local walk (finish_merges_locally): the finish without a grid barrier, for the GEMM epilogue's partials. Per work
-// item a block merges the statistics of the item's column stripe itself, from every partial of those columns, into
+// The local walk (finish_merges_locally): the finish without a grid barrier, for the GEMM epilogue's few partials. Per
+// work item a block merges the statistics of the item's column stripe itself, from every partial of those columns, into
 // shared memory (merge_column_group over one group of the stripe's columns), then normalizes the item's rows; the block
 // of the stripe's first row chunk alone saves the statistics and updates the running ones. So every block of a stripe
 // reads its partials: cheap where a column has few (M <= 2048 at 128-row tiles), where phase 1 and the grid barrier
@@ -684,13 +684,15 @@ Status claiming_blocks(int max_blocks, int& blocks) {
   return Status::success();
 }
 
-// Whether a launch with the GEMM epilogue's partials takes the local walk (finish_local_kernel): GEMMBN_FINISH_LOCAL_MERGE=1,
-// read at each launch. EXPERIMENT, off (perf/NOTES.md v45; not yet run on a GPU): the rule to measure is at most 16
-// partials per column, where the barrier walk's phase 1 and grid barrier cost the small shapes a fixed few microseconds
-// (256x8192->8192 TF32 on an H100: 12.5 us after the GEMM against torch.compile's 4.2).
-bool finish_merges_locally() {
-  const char* set = std::getenv("GEMMBN_FINISH_LOCAL_MERGE");
-  return set != nullptr && set[0] == '1';
+// Whether a launch with the GEMM epilogue's partials takes the local walk (finish_local_kernel) instead of the barrier
+// walk: at most kLocalMergeTiles partials per column, where phase 1 and the grid barrier are a fixed cost that the
+// local walk's repeated merges undercut (H100, training forward: 2-15% faster at 256-2048 rows back to back and
+// 2-10% synchronized, level at 1024x4096->4096 TF32; level to 4.7% slower at 32 partials; perf/NOTES.md v45).
+// GEMMBN_FINISH_LOCAL_MERGE=0|1, read at each launch, forces either (tests run both; A/B runs).
+constexpr int64_t kLocalMergeTiles = 16;
+bool finish_merges_locally(int64_t tiles) {
+  if (const char* forced = std::getenv("GEMMBN_FINISH_LOCAL_MERGE"); forced && *forced) return forced[0] == '1';
+  return tiles <= kLocalMergeTiles;
 }
 
 // Whether the dataflow walk's blocks claim a normalize item first (finish_dataflow_kernel): GEMMBN_FLOW_ITEMS_FIRST=1,
@@ -736,7 +738,7 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
   bool claims = false;
   constexpr bool kLocalWalk = !kFromY && kMode == FinishMode::normalize && !kProduct;  // a variant the local walk has
-  const bool local = kLocalWalk && finish_merges_locally();
+  const bool local = kLocalWalk && finish_merges_locally((a.M + a.tile_rows - 1) / a.tile_rows);
   if constexpr (!kFromY && kMode != FinishMode::moments) {
     if (!local) {
       constexpr int64_t kPassRows = kRowsPerPass * kUnroll;

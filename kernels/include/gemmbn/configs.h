@@ -76,13 +76,13 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 1, 1, 32, 0, 0, 8, 1, 1},  // 6: cooperative 128x128, stream-K (row 4 where its cluster pads)
     {128, 128, 32, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 0 without the statistics node (launches without partials)
     {64, 128, 32, 2, 1, 32, 1, 0, 8},            // 8: row 2, W multicast to 2 CTAs (half its L2 reads of W)
-    {256, 128, 32, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 9: cooperative 256x128 without the node, x multicast (16-bit row 8's)
+    // 9: cooperative 256x128 without the node, x multicast (16-bit row 8's); its 128x16 epilogue subtiles leave the
+    // mainloop 4 stages, not 3 (fp32 y: 16 KB less shared memory): 2.7-8.9% faster at five long-K shapes (v45)
+    {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 0},
 #if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45): picked by no rule
     {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 10: row 7, 64-column epilogue subtiles
-    // 128x16 epilogue subtiles leave the mainloop one more stage than 128x32 ones (fp32 y: 16 KB less shared memory)
-    {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 0},   // 11: row 9 with 4 stages, not 3
-    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 12: cooperative 128x256 without the node, W multicast (cuBLAS's)
-    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 13: row 4 with 6 stages, not 5
+    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 11: cooperative 128x256 without the node, W multicast, 4 stages
+    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 12: row 4 with 128x16 subtiles: 6 stages, not 5
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
