@@ -64,6 +64,9 @@
 #                     c1x2) without the node at the H100's trailing TF32 shapes, then the TF32 forward there by the rule
 #                     (row 9, the y pass from K = 4096) against row 0's tile (GEMMBN_STATISTICS_SOURCE=epilogue,
 #                     GEMMBN_PLAIN_ROW=7: the rule before v44 at these shapes)
+#   tf32-y-pass       TF32's y pass on the 4-stage row 9 where the rule keeps the node (K = 2048, past 2048 tiles:
+#                     perf/NOTES.md v45), the forward by the rule against GEMMBN_STATISTICS_SOURCE=y with cuBLAS's addmm
+#                     in every line, three rounds, back to back and synchronized; other sizes by GEMMBN_Y_PASS_SIZES
 #   tf32-stages       TF32's 4-stage rows (perf/NOTES.md v45; carry a GEMMBN_EXPERIMENT_ROWS=ON build): tune_gemm with
 #                     the node over row 4 and row 12 (its 128x16 subtiles: 6 stages, not 5) at four one-wave long-K
 #                     shapes; then as wide-tiles-tf32 over rows 0, 1, 7, 9 (4 stages since v45) and 11 (cooperative
@@ -110,14 +113,29 @@ require_rows() {
 raise SystemExit(f'$name: rows {missing} are not in this build ({n} $1 rows); carry the build that has them'
                  if missing else 0)"
 }
+# bench_ab PREFIX SECONDS ROUNDS SIDE... -- BENCH_ARGS...: perf/ab.sh over perf/bench.py (the sides as ab.sh takes
+# them, ROUNDS rounds, at most SECONDS), then perf/ab_summary.py's table against the first side: PREFIX.md, PREFIX.csv.
+bench_ab() {
+  local prefix=$1 seconds=$2 rounds=$3 sides=() files=() side
+  shift 3
+  while (($#)) && [[ $1 != -- ]]; do sides+=("$1"); shift; done
+  shift
+  timeout $(limit "$seconds") bash perf/ab.sh "$out/$prefix" "${sides[@]}" "$rounds" -- perf/bench.py "$@" \
+    --out "$out/$prefix/bench_{side}_{round}.csv" > "$out/$prefix.log" 2>&1
+  for side in "${sides[@]}"; do
+    if [[ $side == *:*=* ]]; then side=${side%%:*}; else side=$(basename "$side"); fi
+    files+=("$out/$prefix"/bench_"$side"_*.csv)
+  done
+  python3 perf/ab_summary.py "${files[@]}" --out "$out/$prefix.csv" \
+    --note "perf/gpu_session.sh $name at $GEMMBN_COMMIT: ${sides[*]}" | tee "$out/$prefix.md"
+}
 # wide-tiles / wide-tiles-tf32 / tf32-stages: every row's GPU test, tune_gemm over ROWS without the statistics node at
 # SIZES (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against each of SIDES (perf/ab.sh NAME:ENV,
 # space-separated; two rounds; cuBLAS's addmm timed in the same lines, whose drift between sides shows the device's:
 # perf/NOTES.md v44).
 #   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDES SIZES
 wide_tile_check() {
-  local prefix=$1 dtype=$2 config=$3 rows=$4 sizes=${GEMMBN_TUNE_SIZES:-$6} shapes size_args=() shape sides side
-  local summary_files=()
+  local prefix=$1 dtype=$2 config=$3 rows=$4 sizes=${GEMMBN_TUNE_SIZES:-$6} shapes size_args=() shape sides
   read -r -a sides <<< "$5"
   require_rows "$dtype" "$rows" || return 1
   timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
@@ -127,12 +145,8 @@ wide_tile_check() {
   timeout $(limit 150) python3 perf/tune_gemm.py --dtypes "$dtype" --no-stats --rows "$rows" --rasters 0 --swizzles 0 \
     --iters 20 "${size_args[@]}" --out "$out/tune-$prefix.csv" 2>&1 | tee "$out/tune-$prefix.txt" \
     | awk '/:/{c=0} {c++; if (c<=8) print}'
-  timeout $(limit 260) bash perf/ab.sh "$out/$prefix-ab" rule:GEMMBN_PLAIN_ROW= "${sides[@]}" 2 \
-    -- perf/bench.py --sizes "$sizes" --configs "$config" --providers gemmbn,eager,cublas --no-compile --iters 20 \
-    --out "$out/$prefix-ab/bench_{side}_{round}.csv" > "$out/$prefix-ab.log" 2>&1
-  for side in "${sides[@]}"; do summary_files+=("$out/$prefix-ab"/bench_"${side%%:*}"_*.csv); done
-  python3 perf/ab_summary.py "$out/$prefix-ab"/bench_rule_*.csv "${summary_files[@]}" \
-    --out "$out/$prefix-ab.csv" --note "perf/gpu_session.sh $name at $GEMMBN_COMMIT" | tee "$out/$prefix-ab.md"
+  bench_ab "$prefix-ab" 260 2 rule:GEMMBN_PLAIN_ROW= "${sides[@]}" -- --sizes "$sizes" --configs "$config" \
+    --providers gemmbn,eager,cublas --no-compile --iters 20
 }
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
@@ -299,12 +313,8 @@ for name in $steps; do
       sides=(barrier:GEMMBN_FINISH_DATAFLOW=0 walk:GEMMBN_FINISH_DATAFLOW=1
              items:GEMMBN_FINISH_DATAFLOW=1,GEMMBN_FLOW_ITEMS_FIRST=1
              items-m1:GEMMBN_FINISH_DATAFLOW=1,GEMMBN_FLOW_ITEMS_FIRST=1,GEMMBN_TRAIN_TILE_ORDER=M1)
-      timeout $(limit 420) bash perf/ab.sh "$out/flow-ab" "${sides[@]}" 3 -- perf/bench.py \
-        --sizes "${GEMMBN_FLOW_SIZES:-$sizes}" --configs bf16,tf32 --providers gemmbn --no-compile --iters 30 \
-        --out "$out/flow-ab/bench_{side}_{round}.csv" > "$out/flow-ab.log" 2>&1
-      python3 perf/ab_summary.py "$out"/flow-ab/bench_barrier_*.csv "$out"/flow-ab/bench_walk_*.csv \
-        "$out"/flow-ab/bench_items_*.csv "$out"/flow-ab/bench_items-m1_*.csv --out "$out/flow-ab.csv" \
-        --note "perf/gpu_session.sh flow-ab at $GEMMBN_COMMIT: ${sides[*]}" | tee "$out/flow-ab.md"
+      bench_ab flow-ab 420 3 "${sides[@]}" -- --sizes "${GEMMBN_FLOW_SIZES:-$sizes}" --configs bf16,tf32 \
+        --providers gemmbn --no-compile --iters 30
       GEMMBN_FINISH_DATAFLOW=1 GEMMBN_FLOW_ITEMS_FIRST=1 timeout $(limit 60) python3 perf/anatomy.py \
         --size 4096 8192 2048 --dtype bfloat16 --providers gemmbn 2>&1 | tee "$out/flow-anatomy.txt" | tail -20 ;;
     flow-cost)
@@ -334,11 +344,8 @@ for name in $steps; do
         --size 16384 4096 512 --size 16384 4096 1024 --size 16384 4096 2048 --size 16384 4096 4096 \
         --size 65536 1024 1024 --size 4096 16384 4096 --size 2048 4096 4096 --size 1024 8192 8192 \
         --size 4096 4096 8192 --out "$out/tune-rule.csv" 2>&1 | tee "$out/tune-rule.txt" | grep -E "x[0-9]+->| row " | head -60
-      timeout $(limit 120) bash perf/ab.sh "$out/rule-ab" registers:GEMMBN_SPLIT_ROW=0 rule:GEMMBN_SPLIT_ROW= 2 \
-        -- perf/bench.py --set kernelbench --configs fp32 --providers gemmbn,eager --no-compile --iters 20 \
-        --out "$out/rule-ab/bench_{side}_{round}.csv" > "$out/rule-ab.log" 2>&1
-      python3 perf/ab_summary.py "$out"/rule-ab/bench_registers_*.csv "$out"/rule-ab/bench_rule_*.csv \
-        --out "$out/rule-ab.csv" --note "perf/gpu_session.sh presplit-rule at $GEMMBN_COMMIT" | tee "$out/rule-ab.md"
+      bench_ab rule-ab 120 2 registers:GEMMBN_SPLIT_ROW=0 rule:GEMMBN_SPLIT_ROW= -- --set kernelbench --configs fp32 \
+        --providers gemmbn,eager --no-compile --iters 20
       for forced in 0 ""; do
         GEMMBN_SPLIT_ROW=$forced timeout $(limit 45) python3 perf/bench.py --set kernelbench --configs fp32 \
           --providers gemmbn --no-compile --iters 20 --sync --out "$out/rule-sync-${forced:-rule}.csv" 2>&1 | grep -E "train|eval"
@@ -353,12 +360,8 @@ for name in $steps; do
           -- perf/anatomy.py --dtype float32 --precision highest --providers gemmbn --iters 20 \
           > "$out/pass-ab.log" 2>&1
         grep -H -E "split_rows|span" "$out"/pass-ab/*.txt
-        timeout $(limit 120) bash perf/ab.sh "$out/bench-ab" "$GEMMBN_AB_BASE" head:GEMMBN_SPLIT_ROW= 2 \
-          -- perf/bench.py --set kernelbench --configs fp32 --providers gemmbn,eager --no-compile --iters 20 \
-          --out "$out/bench-ab/bench_{side}_{round}.csv" > "$out/bench-ab.log" 2>&1
-        base=$(basename "$GEMMBN_AB_BASE")
-        python3 perf/ab_summary.py "$out/bench-ab/bench_${base}"_*.csv "$out"/bench-ab/bench_head_*.csv \
-          --out "$out/pass-ab.csv" --note "perf/gpu_session.sh split-pass at $GEMMBN_COMMIT" | tee "$out/pass-ab.md"
+        bench_ab bench-ab 120 2 "$GEMMBN_AB_BASE" head:GEMMBN_SPLIT_ROW= -- --set kernelbench --configs fp32 \
+          --providers gemmbn,eager --no-compile --iters 20
       fi
       timeout $(limit 150) python3 perf/tune_gemm.py --dtypes split --rows 0,2 --rasters 0 --swizzles 0 --iters 20 \
         --size 16384 4096 512 --size 16384 4096 640 --size 16384 4096 768 --size 16384 4096 896 \
@@ -377,13 +380,15 @@ for name in $steps; do
       sizes="${GEMMBN_LOCAL_SIZES:-256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512}"
       for method in back-to-back sync; do
         sync_arg=(); [[ $method == sync ]] && sync_arg=(--sync)
-        timeout $(limit 200) bash perf/ab.sh "$out/finish-local-$method" barrier:GEMMBN_FINISH_LOCAL_MERGE=0 \
-          local:GEMMBN_FINISH_LOCAL_MERGE=1 3 -- perf/bench.py --sizes "$sizes" --configs tf32,bf16 \
-          --providers gemmbn,eager --no-compile --iters 30 "${sync_arg[@]}" \
-          --out "$out/finish-local-$method/bench_{side}_{round}.csv" > "$out/finish-local-$method.log" 2>&1
-        python3 perf/ab_summary.py "$out/finish-local-$method"/bench_barrier_*.csv \
-          "$out/finish-local-$method"/bench_local_*.csv --out "$out/finish-local-$method.csv" \
-          --note "perf/gpu_session.sh finish-local ($method) at $GEMMBN_COMMIT" | tee "$out/finish-local-$method.md"
+        bench_ab "finish-local-$method" 200 3 barrier:GEMMBN_FINISH_LOCAL_MERGE=0 local:GEMMBN_FINISH_LOCAL_MERGE=1 \
+          -- --sizes "$sizes" --configs tf32,bf16 --providers gemmbn,eager --no-compile --iters 30 "${sync_arg[@]}"
+      done ;;
+    tf32-y-pass)
+      sizes="${GEMMBN_Y_PASS_SIZES:-16384 4096 4096;65536 4096 4096;4096 2048 8192;16384 2048 8192}"
+      for method in back-to-back sync; do
+        sync_arg=(); [[ $method == sync ]] && sync_arg=(--sync)
+        bench_ab "tf32-y-pass-$method" 220 3 rule:GEMMBN_STATISTICS_SOURCE= y:GEMMBN_STATISTICS_SOURCE=y \
+          -- --sizes "$sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 30 "${sync_arg[@]}"
       done ;;
     tf32-stages)
       require_rows float32 4,12 || continue

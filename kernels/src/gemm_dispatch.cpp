@@ -188,14 +188,15 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
     return forced[0] == 'y';
   }
   const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
-  if (operands == GemmOperands::f32_split || tiles_128(M, N) <= kWave) return false;
+  const int64_t tiles = tiles_128(M, N);
+  if (operands == GemmOperands::f32_split || tiles <= kWave) return false;
   const int epilogue_row = select_config(operands, M, N, K, true), y_pass_row = select_config(operands, M, N, K, false);
   const TileConfig& epilogue = config_at(operands, epilogue_row);
   // Where the launch without partials takes the 256x128 row and the one with them row 0, up to 2048 tiles: that row's
   // speed outweighs the pass over y there (training forwards 5-12% faster in 16-bit, TF32 1-10% from K = 4096, on an
   // H100), and past it no longer (16384x4096->4096: 16-bit +-4% by run, TF32 3-4% slower with cuBLAS interleaved);
   // TF32 at K = 2048 lost 2.5% (perf/NOTES.md v43, v44).
-  if (epilogue_row == kWide && y_pass_row == wide_tile_row(operands) && tiles_128(M, N) <= kYPassMaxTiles &&
+  if (epilogue_row == kWide && y_pass_row == wide_tile_row(operands) && tiles <= kYPassMaxTiles &&
       (half || K >= kLongK)) {
     return true;
   }
