@@ -71,10 +71,14 @@ TINY_BATCH_ROWS, TINY_BATCH_FACTOR = 16, 2.5
 
 
 def _assert_close_to_float64(actual, expected, dtype, precision, what, rows):
-    """Relative Frobenius error within budget, no NaN/inf, and every element within 10x the budget x RMS.
+    """Relative Frobenius error within budget, no NaN/inf, and every element within 10x the budget x the RMS of its
+    row (of the whole tensor where that is larger).
 
     For the normalized output (unit variance per column) the budget also reads as an absolute error;
-    the largest of up to 7e7 roughly Gaussian errors stays below ~6x their RMS, hence 10x.
+    the largest of up to 7e7 roughly Gaussian errors stays below ~6x their RMS, hence 10x. A row's own RMS where it is
+    larger: a GEMM's rounding goes with its row's operands, so outlying rows (_check_hard_batch's first rows, x 20,
+    normalized to ~7) err several times more than the rest; at 256x8192->8192 TF32 their worst element was 30x the
+    tensor's RMS error (H100).
     """
     tolerance = output_tolerance(dtype, precision)
     limit = tolerance.limit
@@ -83,9 +87,13 @@ def _assert_close_to_float64(actual, expected, dtype, precision, what, rows):
     assert torch.isfinite(actual).all(), f"{what}: non-finite values"
     error = relative_error(actual, expected)
     assert error <= limit, f"{what}: relative error {error:.2e} > {limit:.1e} ({tolerance.reason})"
-    worst = (actual.double() - expected).abs().max().item()
-    rms = expected.double().square().mean().sqrt().item()
-    assert worst <= 10 * limit * rms, f"{what}: worst element off by {worst:.2e} (RMS {rms:.2e})"
+    expected = expected.double()
+    scale = expected.square().mean().sqrt()
+    if expected.dim() == 2:
+        scale = torch.maximum(expected.square().mean(1, keepdim=True).sqrt(), scale)
+    off = (actual.double() - expected).abs() / scale
+    worst = off.max().item()
+    assert worst <= 10 * limit, f"{what}: worst element off by {worst:.2e} of its row's RMS (limit {10 * limit:.1e})"
 
 
 @pytest.mark.parametrize(("dtype", "precision", "shape"), ACCURACY_CASES)
@@ -226,13 +234,14 @@ def _check_hard_batch(dtype, precision, shape, what):
     once; the same bits on a second run. mean/std is 1e4 in float32. In 16-bit, storing y rounds it by up to 2^-8
     (bf16) or 2^-11 (fp16) of its size, which the float64 reference (of the unrounded y) does not see: at mean/std
     1e4 that is 40 spreads, so no 16-bit batch norm, eager's included, can match it; there mean/std is 4 (bf16) and 8
-    (fp16), under the output tolerances. (tests/test_finish_emulated.py checks every source and walk at mean/std 1e4 in
+    (fp16), under the output tolerances. So in fp32 `highest`, whose budget (5e-6) is under fp32's own rounding of y at
+    1e4 (2^-24 of 1e4 spreads: eager fp32 errs 4.5e-4 at 2048x1024->1032, CPU), mean/std is 32. (tests/test_finish_emulated.py checks every source and walk at mean/std 1e4 in
     every dtype against the statistics of y as stored.)"""
     M, K, N = shape
     model = _model(dtype, precision, K, N, momentum=1.0)
     with torch.no_grad():  # z's spread per column with x ~ U[0, 1): sqrt(sum_k W[n, k]^2 / 12)
         spread = model.gemm.weight.double().square().sum(1).div(12).sqrt()
-        ratio = {torch.float32: 1e4, torch.bfloat16: 4.0, torch.float16: 8.0}[dtype]
+        ratio = {torch.float32: 32.0 if precision == "highest" else 1e4, torch.bfloat16: 4.0, torch.float16: 8.0}[dtype]
         model.gemm.bias[::4] = (ratio * spread[::4]).to(dtype)
     x = _x(M, K, dtype)
     x[: max(1, M // 64)] *= 20

@@ -373,15 +373,15 @@ def test_statistics_source_rule(monkeypatch):
         (8576, 1024, 1024): True,  # 544 tiles: 5 against 4.5 (bf16 0.97x)
         (5248, 1024, 2048): True,  # 672 tiles: 6 against 5 (bf16 0.95-0.97x)
         (2048, 2048, 1024): False,  # 128 tiles, K = 2048
-        (4352, 2048, 512): (False, True),  # 136 tiles: 16-bit takes the y pass up to K = 2048 (TF32 does not)
-        (3072, 2048, 1024): (False, True),  # 192 tiles: bf16 0.053 -> 0.046 ms
-        (4096, 2048, 8192): (False, True),  # 2048 tiles: bf16 0.253 vs 0.264 ms, TF32 0.488 vs 0.465
-        (16384, 2048, 8192): (False, True),
-        # 16-bit from K = 2048 with M > 2048, from a wave up to 2048 tiles: row 0 with the node against the 256x128 row
-        # without it and the y pass (v43, H100: the training forward 5-12% faster); past 2048 tiles level (+-4%), so
-        # the node; up to M = 2048 the 1x2-cluster row keeps its node.
-        # TF32 the same from K = 4096 (v44, H100: 1-10% faster up to 2048 tiles; 2.5% slower at K = 2048), wherever its
-        # launch with partials takes row 0 (M > 512 unless M <= 2048 with a padded 2x1 cluster).
+        (4352, 2048, 512): True,  # 136 tiles: the 256x128 row's y pass from K = 2048 (below)
+        (3072, 2048, 1024): True,  # 192 tiles: bf16 0.053 -> 0.046 ms
+        (4096, 2048, 8192): True,  # 2048 tiles: bf16 0.253 vs 0.264 ms; TF32 5-6% faster (v46, H100)
+        (16384, 2048, 8192): (False, True),  # 8192 tiles: TF32's y pass 4-7% slower (v46); 16-bit's short-K clause
+        # From K = 2048 and a wave up to 2048 tiles: row 0 with the node against the 256x128 row without it and the y
+        # pass (v43, H100: the 16-bit training forward 5-12% faster; v44, v46: TF32 1-10% from K = 4096, 5-6% at
+        # K = 2048 once that row had 4 stages); past 2048 tiles level (+-4%), so the node. Where the launch with
+        # partials takes row 0: in 16-bit M > 2048 (below, the 1x2-cluster row keeps its node), in TF32 M > 512 unless
+        # M <= 2048 with a padded 2x1 cluster.
         (16384, 2049, 8192): False,  # 8192 tiles
         (16384, 4096, 4096): False,  # 4096 tiles: the y pass by run bf16 -3.7% to +1.4% (v43), TF32 -1.5% to +6.3%
         (65536, 4096, 4096): False,

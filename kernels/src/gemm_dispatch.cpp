@@ -177,7 +177,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
 // Where the training statistics come from: finish_normalize's pass over y where it costs less than the epilogue's
 // per-tile reductions, since the GEMM without partials takes a row without the statistics node (v24-v26, v43, v44; the
 // numbers: perf/NOTES.md, "The configuration tables' evidence"). Wherever that is cuBLAS's 256x128 tile against row 0
-// with the node, from a wave to 2048 tiles: 16-bit (M > 2048, K >= 2048), TF32 from K = 4096. Past a wave of 128x128
+// with the node, from a wave to 2048 tiles (K >= 2048; 16-bit with M > 2048). Past a wave of 128x128
 // tiles with K <= 1024 (16-bit: 2048), unless the epilogue's 64x128 grid fills its last wave enough better than the y
 // pass's 128x128 one to outweigh the node (wave_cost; over three waves it never does); and TF32 with N <= 1024 and
 // K > 4096 past a wave, where the cooperative 128x256 row's epilogue follows each tile's mainloop instead of overlapping
@@ -193,11 +193,10 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   const int epilogue_row = select_config(operands, M, N, K, true), y_pass_row = select_config(operands, M, N, K, false);
   const TileConfig& epilogue = config_at(operands, epilogue_row);
   // Where the launch without partials takes the 256x128 row and the one with them row 0, up to 2048 tiles: that row's
-  // speed outweighs the pass over y there (training forwards 5-12% faster in 16-bit, TF32 1-10% from K = 4096, on an
-  // H100), and past it no longer (16384x4096->4096: 16-bit +-4% by run, TF32 3-4% slower with cuBLAS interleaved);
-  // TF32 at K = 2048 lost 2.5% (perf/NOTES.md v43, v44).
-  if (epilogue_row == kWide && y_pass_row == wide_tile_row(operands) && tiles <= kYPassMaxTiles &&
-      (half || K >= kLongK)) {
+  // speed outweighs the pass over y there (training forwards on an H100 5-12% faster in 16-bit, TF32 1-10% from
+  // K = 4096 and 5-6% at K = 2048 since its row has 4 stages), and past it no longer (16384x4096->4096: +-4% by run;
+  // TF32 16384x2048->8192 4-7% slower) (perf/NOTES.md v43, v44, v46).
+  if (epilogue_row == kWide && y_pass_row == wide_tile_row(operands) && tiles <= kYPassMaxTiles) {
     return true;
   }
   if (K > kLongK) {
