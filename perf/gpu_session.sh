@@ -129,6 +129,14 @@ bench_ab() {
   python3 perf/ab_summary.py "${files[@]}" --out "$out/$prefix.csv" \
     --note "perf/gpu_session.sh $name at $GEMMBN_COMMIT: ${sides[*]}" | tee "$out/$prefix.md"
 }
+# bench_ab_both_methods PREFIX SECONDS ROUNDS SIDE... -- BENCH_ARGS...: bench_ab back to back (PREFIX-back-to-back.*),
+# then synchronized before each call (bench.py --sync; PREFIX-sync.*).
+bench_ab_both_methods() {
+  local prefix=$1
+  shift
+  bench_ab "$prefix-back-to-back" "$@"
+  bench_ab "$prefix-sync" "$@" --sync
+}
 # wide-tiles / wide-tiles-tf32 / tf32-stages: every row's GPU test, tune_gemm over ROWS without the statistics node at
 # SIZES (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against each of SIDES (perf/ab.sh NAME:ENV,
 # space-separated; two rounds; cuBLAS's addmm timed in the same lines, whose drift between sides shows the device's:
@@ -378,18 +386,12 @@ for name in $steps; do
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py tests/test_native_gpu.py \
         -k "local_walk or training_pipeline or outlying_first_tile" 2>&1 | tee "$out/finish-local-tests.log" | tail -3
       sizes="${GEMMBN_LOCAL_SIZES:-256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512}"
-      for method in back-to-back sync; do
-        sync_arg=(); [[ $method == sync ]] && sync_arg=(--sync)
-        bench_ab "finish-local-$method" 200 3 barrier:GEMMBN_FINISH_LOCAL_MERGE=0 local:GEMMBN_FINISH_LOCAL_MERGE=1 \
-          -- --sizes "$sizes" --configs tf32,bf16 --providers gemmbn,eager --no-compile --iters 30 "${sync_arg[@]}"
-      done ;;
+      bench_ab_both_methods finish-local 200 3 barrier:GEMMBN_FINISH_LOCAL_MERGE=0 local:GEMMBN_FINISH_LOCAL_MERGE=1 \
+        -- --sizes "$sizes" --configs tf32,bf16 --providers gemmbn,eager --no-compile --iters 30 ;;
     tf32-y-pass)
       sizes="${GEMMBN_Y_PASS_SIZES:-16384 4096 4096;65536 4096 4096;4096 2048 8192;16384 2048 8192}"
-      for method in back-to-back sync; do
-        sync_arg=(); [[ $method == sync ]] && sync_arg=(--sync)
-        bench_ab "tf32-y-pass-$method" 220 3 rule:GEMMBN_STATISTICS_SOURCE= y:GEMMBN_STATISTICS_SOURCE=y \
-          -- --sizes "$sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 30 "${sync_arg[@]}"
-      done ;;
+      bench_ab_both_methods tf32-y-pass 220 3 rule:GEMMBN_STATISTICS_SOURCE= y:GEMMBN_STATISTICS_SOURCE=y \
+        -- --sizes "$sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 30 ;;
     tf32-stages)
       require_rows float32 4,12 || continue
       timeout $(limit 100) python3 perf/tune_gemm.py --dtypes float32 --rows 4,12 --rasters 0 --swizzles 0 --iters 20 \
