@@ -77,6 +77,10 @@
 #                     tests, then the training forward with it against the barrier walk at small shapes (few partials
 #                     per column; GEMMBN_LOCAL_SIZES to change), TF32 and bf16, perf/ab.sh, three rounds, back to back
 #                     and synchronized (bench.py --sync)
+#   build-ab          two carried builds' training forwards (GEMMBN_AB_BUILDS="DIR_A DIR_B", folders each holding an
+#                     _operators.so, such as under the ignored perf/results/raw/), perf/ab.sh, three rounds, back to
+#                     back and synchronized, at GEMMBN_AB_SIZES (default: finish-local's) in GEMMBN_AB_CONFIGS
+#                     (default tf32,bf16)
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -156,6 +160,8 @@ wide_tile_check() {
   bench_ab "$prefix-ab" 260 2 rule:GEMMBN_PLAIN_ROW= "${sides[@]}" -- --sizes "$sizes" --configs "$config" \
     --providers gemmbn,eager,cublas --no-compile --iters 20
 }
+# The local walk's shapes (few partials per column): finish-local's and build-ab's default sizes.
+local_sizes="256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512"
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 # The perf extra on a bare device (no package index there): carried wheels of cuda-bindings and cuda-pathfinder
@@ -385,9 +391,13 @@ for name in $steps; do
     finish-local)
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py tests/test_native_gpu.py \
         -k "local_walk or training_pipeline or outlying_first_tile" 2>&1 | tee "$out/finish-local-tests.log" | tail -3
-      sizes="${GEMMBN_LOCAL_SIZES:-256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512}"
       bench_ab_both_methods finish-local 200 3 barrier:GEMMBN_FINISH_LOCAL_MERGE=0 local:GEMMBN_FINISH_LOCAL_MERGE=1 \
-        -- --sizes "$sizes" --configs tf32,bf16 --providers gemmbn,eager --no-compile --iters 30 ;;
+        -- --sizes "${GEMMBN_LOCAL_SIZES:-$local_sizes}" --configs tf32,bf16 --providers gemmbn,eager --no-compile --iters 30 ;;
+    build-ab)
+      read -r -a builds <<< "${GEMMBN_AB_BUILDS:-}"
+      ((${#builds[@]} == 2)) || { echo "build-ab: GEMMBN_AB_BUILDS must name two build folders"; continue; }
+      bench_ab_both_methods build-ab 240 3 "${builds[@]}" -- --sizes "${GEMMBN_AB_SIZES:-$local_sizes}" \
+        --configs "${GEMMBN_AB_CONFIGS:-tf32,bf16}" --providers gemmbn,eager --no-compile --iters 30 ;;
     tf32-y-pass)
       sizes="${GEMMBN_Y_PASS_SIZES:-16384 4096 4096;65536 4096 4096;4096 2048 8192;16384 2048 8192}"
       bench_ab_both_methods tf32-y-pass 220 3 rule:GEMMBN_STATISTICS_SOURCE= y:GEMMBN_STATISTICS_SOURCE=y \

@@ -27,6 +27,7 @@
 #include "gemmbn/cooperative_launch.cuh"
 #include "gemmbn/device_info.h"
 #include "gemmbn/elementwise.cuh"
+#include "gemmbn/switches.h"
 #include "gemmbn/tile_flow.h"
 #include "gemmbn/work_items.h"
 
@@ -669,7 +670,7 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
 // the y-pass variants: their phase 2 walks phase 0's chunks last rows first, for L2.
 constexpr int64_t kClaimBytesPerBlock = int64_t(256) << 10;
 bool finish_claims_items(int64_t M, int N, int element_bytes, int blocks) {
-  if (const char* forced = std::getenv("GEMMBN_FINISH_CLAIMS"); forced && *forced) return forced[0] == '1';
+  if (const char forced = forced_choice("GEMMBN_FINISH_CLAIMS")) return forced == '1';
   return M * N * element_bytes >= kClaimBytesPerBlock * blocks;
 }
 // A claimed launch's blocks: two per SM at most (fewer streams in flight, the same bytes each: 1-3% faster alone than
@@ -691,7 +692,7 @@ Status claiming_blocks(int max_blocks, int& blocks) {
 // GEMMBN_FINISH_LOCAL_MERGE=0|1, read at each launch, forces either (tests run both; A/B runs).
 constexpr int64_t kLocalMergeTiles = 16;
 bool finish_merges_locally(int64_t tiles) {
-  if (const char* forced = std::getenv("GEMMBN_FINISH_LOCAL_MERGE"); forced && *forced) return forced[0] == '1';
+  if (const char forced = forced_choice("GEMMBN_FINISH_LOCAL_MERGE")) return forced == '1';
   return tiles <= kLocalMergeTiles;
 }
 
@@ -699,10 +700,7 @@ bool finish_merges_locally(int64_t tiles) {
 // read at each launch; else a statistics job, the walk measured in perf/NOTES.md v33-v34. EXPERIMENT, off: items first
 // normalizes the stripes the GEMM finished early beside its last wave, but that does not shorten the walk's tail (the
 // last stripes' statistics), so it won nowhere consistently (perf/NOTES.md v36).
-inline int flow_items_first() {
-  const char* set = std::getenv("GEMMBN_FLOW_ITEMS_FIRST");
-  return set != nullptr && set[0] == '1';
-}
+inline int flow_items_first() { return forced_choice("GEMMBN_FLOW_ITEMS_FIRST") == '1'; }
 
 // The dataflow walk's launch: a pass of rows per item, as the claimed walk, on at most two blocks per SM.
 template <class T>
@@ -730,25 +728,60 @@ Status launch_dataflow(const FinishNormalizeArgs& a, cudaStream_t stream) {
                            "launching finish_normalize (dataflow)");
 }
 
+// The launch's parameters but for the workspace's pointers: work's items over partials partial rows.
+template <class T, FinishMode kMode>
+FinishParams<T> finish_params(const FinishNormalizeArgs& a, const WorkItems& work, int partials) {
+  constexpr bool kRanks = kMode == FinishMode::from_ranks;
+  const int64_t N = a.N;
+  FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N,
+                    kRanks ? const_cast<float*>(a.rank_moments) + N : a.partial_mean,
+                    kRanks ? const_cast<float*>(a.rank_moments) + 2 * N : a.partial_m2, partials, a.tile_rows,
+                    static_cast<const T*>(a.gamma), static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean),
+                    static_cast<T*>(a.running_var), a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean,
+                    a.save_invstd, merge_columns_for(a.N), work.stripes, work.rows_per_chunk,
+                    static_cast<int>(work.items), kRanks ? a.rank_moments : nullptr, kRanks ? 3 * N : N, a.moments,
+                    static_cast<const T*>(a.product_bias), static_cast<const T*>(a.product_scale),
+                    static_cast<T*>(a.pre_norm)};
+  if (kMode != FinishMode::moments) {  // the workspace: alpha [N], delta [N], the counter
+    p.alpha = static_cast<float*>(a.workspace);
+    p.delta = p.alpha + N;
+  }
+  return p;
+}
+
+// The local walk's launch (finish_local_kernel): a plain launch whose items fill its own resident blocks once.
+template <class T>
+Status launch_local(const FinishNormalizeArgs& a, int partials, cudaStream_t stream) {
+  constexpr int kCols = kLanesPerRow * Vector16<T>::kSize;
+  int resident = 0;
+  if (Status s = finish_resident_blocks<&finish_local_kernel<T>>(resident); !s) return s;
+  const WorkItems work = work_items(a.M, a.N, kCols, resident, kRowsPerPass * kUnroll);
+  FinishParams<T> p = finish_params<T, FinishMode::normalize>(a, work, partials);
+  const int blocks = static_cast<int>(std::min<int64_t>(work.items, resident));
+  return Status::from_cuda(launch_plain(&finish_local_kernel<T>, blocks, kThreads, p, stream),
+                           "launching finish_normalize (local)");
+}
+
 template <class T, bool kFromY, FinishMode kMode = FinishMode::normalize, bool kProduct = false>
 Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
+  const int partials =
+      kMode == FinishMode::from_ranks ? a.ranks : static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows);
+  if constexpr (!kFromY && kMode == FinishMode::normalize && !kProduct) {  // the variants the local walk has
+    if (finish_merges_locally(partials)) return launch_local<T>(a, partials, stream);
+  }
   WorkItems work{};
   int max_blocks = 0;
   if (Status s = finish_work<T, kFromY>(a.M, a.N, work, max_blocks); !s) return s;
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
   bool claims = false;
-  constexpr bool kLocalWalk = !kFromY && kMode == FinishMode::normalize && !kProduct;  // a variant the local walk has
-  const bool local = kLocalWalk && finish_merges_locally((a.M + a.tile_rows - 1) / a.tile_rows);
   if constexpr (!kFromY && kMode != FinishMode::moments) {
-    if (!local) {
-      constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
-      const int64_t claim_items = pass_items(a.dtype, a.M, a.N);
-      int claim_blocks = 0;
-      if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
-      claims = claim_items <= std::numeric_limits<int>::max() - claim_blocks &&
-               finish_claims_items(a.M, a.N, sizeof(T), claim_blocks);
-      if (claims) work.rows_per_chunk = kPassRows, work.items = claim_items, max_blocks = claim_blocks;
-    }
+    constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+    const int64_t claim_items = pass_items(a.dtype, a.M, a.N);
+    int claim_blocks = 0;
+    if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
+    claims = claim_items <= std::numeric_limits<int>::max() - claim_blocks &&
+             finish_claims_items(a.M, a.N, sizeof(T), claim_blocks);
+    if (claims) work.rows_per_chunk = kPassRows, work.items = claim_items, max_blocks = claim_blocks;
   }
   // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
   // each block would otherwise merge several column groups one after another.
@@ -761,30 +794,8 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
     if (Status s = finish_resident_blocks<kernel>(resident); !s) return s;
     blocks = std::min(blocks, resident);
   }
-  constexpr bool kRanks = kMode == FinishMode::from_ranks;
-  const int64_t N = a.N;
-  FinishParams<T> p{static_cast<const T*>(a.y), static_cast<T*>(a.out), a.M, a.N,
-                    kRanks ? const_cast<float*>(a.rank_moments) + N : a.partial_mean,
-                    kRanks ? const_cast<float*>(a.rank_moments) + 2 * N : a.partial_m2,
-                    kRanks ? a.ranks : static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows), a.tile_rows,
-                    static_cast<const T*>(a.gamma), static_cast<const T*>(a.beta), static_cast<T*>(a.running_mean),
-                    static_cast<T*>(a.running_var), a.batches_tracked, a.cumulative, a.momentum, a.eps, a.save_mean,
-                    a.save_invstd, merge_columns, work.stripes, work.rows_per_chunk, static_cast<int>(work.items),
-                    kRanks ? a.rank_moments : nullptr, kRanks ? 3 * N : N, a.moments,
-                    static_cast<const T*>(a.product_bias), static_cast<const T*>(a.product_scale),
-                    static_cast<T*>(a.pre_norm)};
-  if (kMode != FinishMode::moments) {  // the workspace: alpha [N], delta [N], the counter
-    p.alpha = static_cast<float*>(a.workspace);
-    p.delta = p.alpha + N;
-    if (claims) p.claim_counter = reinterpret_cast<int*>(p.delta + N);
-  }
-  if constexpr (kLocalWalk) {  // no grid barrier: a plain launch, the items over at most the resident blocks
-    if (local) {
-      const int local_blocks = static_cast<int>(std::min<int64_t>(work.items, max_blocks));
-      return Status::from_cuda(launch_plain(&finish_local_kernel<T>, local_blocks, kThreads, p, stream),
-                               "launching finish_normalize (local)");
-    }
-  }
+  FinishParams<T> p = finish_params<T, kMode>(a, work, partials);
+  if (claims) p.claim_counter = reinterpret_cast<int*>(p.delta + a.N);
   return Status::from_cuda(launch_cooperative(kernel, blocks, kThreads, p, stream),
                            "launching finish_normalize (cooperative)");
 }
@@ -818,7 +829,7 @@ size_t finish_tile_flow_bytes(const FinishNormalizeArgs& a) {
 constexpr int64_t kDataflowBytesPerSm = int64_t(240) << 10;
 bool finish_runs_dataflow(DType dtype, int64_t M, int N) {
   if (!fits_dataflow(dtype, M, N)) return false;
-  if (const char* forced = std::getenv("GEMMBN_FINISH_DATAFLOW"); forced && *forced) return forced[0] == '1';
+  if (const char forced = forced_choice("GEMMBN_FINISH_DATAFLOW")) return forced == '1';
   int device = 0, sm_count = 0;
   if (current_device_info(device, sm_count) != cudaSuccess) return false;
   return M * N * dtype_size(dtype) >= kDataflowBytesPerSm * sm_count;

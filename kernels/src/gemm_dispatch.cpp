@@ -11,6 +11,7 @@
 #include "gemmbn/configs.h"
 #include "gemmbn/device_info.h"
 #include "gemmbn/gemm_runners.h"
+#include "gemmbn/switches.h"
 
 #ifndef GEMMBN_CUBLAS_PRODUCT  // CMake sets it (0 or 1)
 #define GEMMBN_CUBLAS_PRODUCT 0
@@ -184,9 +185,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
 // the next one. Never the split GEMM (its mainloop dwarfs the epilogue), never under a wave (the one-wave and small
 // rows keep their node). GEMMBN_STATISTICS_SOURCE=epilogue|y overrides it (tests run both sources; perf A/B runs).
 bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
-  if (const char* forced = std::getenv("GEMMBN_STATISTICS_SOURCE"); forced && *forced) {
-    return forced[0] == 'y';
-  }
+  if (const char forced = forced_choice("GEMMBN_STATISTICS_SOURCE")) return forced == 'y';
   const bool half = operands == GemmOperands::bf16 || operands == GemmOperands::f16;
   const int64_t tiles = tiles_128(M, N);
   if (operands == GemmOperands::f32_split || tiles <= kWave) return false;
@@ -214,7 +213,7 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
 // step no faster (perf/NOTES.md v28, "The configuration tables' evidence").
 bool train_product_by_cublas(GemmOperands operands, int M, int N, int K) {
   if (!GEMMBN_CUBLAS_PRODUCT || (operands != GemmOperands::bf16 && operands != GemmOperands::f16)) return false;
-  if (const char* forced = std::getenv("GEMMBN_TRAIN_PRODUCT"); forced && *forced) return forced[0] == 'c';
+  if (const char forced = forced_choice("GEMMBN_TRAIN_PRODUCT")) return forced == 'c';
   const int64_t tiles = tiles_128(M, N);
   return K > kLongK && tiles >= 256 && tiles <= 2048;
 }

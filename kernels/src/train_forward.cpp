@@ -3,6 +3,7 @@
 
 #include "gemmbn/api.h"
 #include "gemmbn/configs.h"
+#include "gemmbn/switches.h"
 
 namespace gemmbn {
 namespace {
@@ -29,10 +30,7 @@ Status take_tile_order(GemmScaleStatsArgs& gemm) {
 // the dataflow walk (each tile's wait for its stores to be written, then its count) while the finish runs the barrier
 // walk: the GEMM's time under the walk split into what counting costs it and what the finish running beside it costs.
 // Results are the barrier walk's.
-bool flow_count_only() {
-  const char* set = std::getenv("GEMMBN_FLOW_COUNT_ONLY");
-  return set != nullptr && set[0] == '1';
-}
+bool flow_count_only() { return forced_choice("GEMMBN_FLOW_COUNT_ONLY") == '1'; }
 
 }  // namespace
 
