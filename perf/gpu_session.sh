@@ -81,6 +81,10 @@
 #                     _operators.so, such as under the ignored perf/results/raw/), perf/ab.sh, three rounds, back to
 #                     back and synchronized, at GEMMBN_AB_SIZES (default: finish-local's) in GEMMBN_AB_CONFIGS
 #                     (default tf32,bf16)
+#   one-wave-order    the one-wave row's tile order (row 4: 65-131 tiles of 128x128, long K): tune_gemm with the node
+#                     over rasters 0-2 x swizzles rule/1/2 (50 calls each), then the training forward by the rule
+#                     against GEMMBN_TRAIN_TILE_ORDER=M1 (along M, swizzle 1), cuBLAS's addmm in every line, three
+#                     rounds, back to back and synchronized; sizes by GEMMBN_ONE_WAVE_SIZES
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -174,7 +178,7 @@ if [ -f python/gemmbn/_operators.so ]; then
   step "prebuilt extension (carried)"
   export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
   python3 -c "$load_check" || exit 1
-  steps=${steps//build/}
+  steps=$(printf "%s\n" $steps | grep -vx build)  # the word build alone (not build-ab)
 fi
 for name in $steps; do
   if (( $(limit 20) < 20 )); then echo "== $name skipped: the call's time is up"; continue; fi
@@ -398,6 +402,16 @@ for name in $steps; do
       ((${#builds[@]} == 2)) || { echo "build-ab: GEMMBN_AB_BUILDS must name two build folders"; continue; }
       bench_ab_both_methods build-ab 240 3 "${builds[@]}" -- --sizes "${GEMMBN_AB_SIZES:-$local_sizes}" \
         --configs "${GEMMBN_AB_CONFIGS:-tf32,bf16}" --providers gemmbn,eager --no-compile --iters 30 ;;
+    one-wave-order)
+      sizes="${GEMMBN_ONE_WAVE_SIZES:-4096 8192 512;1024 8192 2048;256 8192 8192;2048 8192 1024;4096 4096 512;2048 4096 1024}"
+      IFS=';' read -r -a shapes <<< "$sizes"
+      size_args=()
+      for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
+      timeout $(limit 120) python3 perf/tune_gemm.py --dtypes bfloat16,float32 --rows 4 --rasters 0,1,2 \
+        --swizzles 0,1,2 --iters 50 "${size_args[@]}" --out "$out/tune-one-wave-order.csv" 2>&1 \
+        | tee "$out/tune-one-wave-order.txt" | awk '/:/{c=0} {c++; if (c<=6) print}'
+      bench_ab_both_methods one-wave-order 200 3 rule:GEMMBN_TRAIN_TILE_ORDER= alongM1:GEMMBN_TRAIN_TILE_ORDER=M1 \
+        -- --sizes "$sizes" --configs tf32,bf16 --providers gemmbn,cublas --no-compile --iters 30 ;;
     tf32-y-pass)
       sizes="${GEMMBN_Y_PASS_SIZES:-16384 4096 4096;65536 4096 4096;4096 2048 8192;16384 2048 8192}"
       bench_ab_both_methods tf32-y-pass 220 3 rule:GEMMBN_STATISTICS_SOURCE= y:GEMMBN_STATISTICS_SOURCE=y \
