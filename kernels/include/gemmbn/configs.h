@@ -83,6 +83,7 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 10: row 7, 64-column epilogue subtiles
     {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 11: cooperative 128x256 without the node, W multicast, 4 stages
     {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 12: row 4 with 128x16 subtiles: 6 stages, not 5
+    {128, 128, 32, 1, 2, 32, 0, 0, 8},            // 13: row 4 with x multicast instead of W (NOTES v47)
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
@@ -98,6 +99,7 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 #if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
     {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 9: row 6 with 32-column subtiles
     {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 10: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
+    {128, 128, 64, 1, 2, 32, 0, 0, 8},            // 11: row 4 with x multicast instead of W (NOTES v47)
 #endif
 };
 
