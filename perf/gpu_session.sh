@@ -68,11 +68,11 @@
 #                     perf/NOTES.md v45), the forward by the rule against GEMMBN_STATISTICS_SOURCE=y with cuBLAS's addmm
 #                     in every line, three rounds, back to back and synchronized; other sizes by GEMMBN_Y_PASS_SIZES
 #   tf32-stages       TF32's 4-stage rows (perf/NOTES.md v45; carry a GEMMBN_EXPERIMENT_ROWS=ON build): tune_gemm with
-#                     the node over row 4 and row 12 (its 128x16 subtiles: 6 stages, not 5) at four one-wave long-K
-#                     shapes; then as wide-tiles-tf32 over rows 0, 1, 7, 9 (4 stages since v45) and 11 (cooperative
+#                     the node over row 4 and row 13 (its 128x16 subtiles: 6 stages, not 5) at four one-wave long-K
+#                     shapes; then as wide-tiles-tf32 over rows 0, 1, 7, 9 (4 stages since v45) and 12 (cooperative
 #                     128x256 c2x1 without the node, 4 stages) at six TF32 shapes, the forward by the rule against the y
 #                     pass on row 9 everywhere (GEMMBN_STATISTICS_SOURCE=y: the TF32 clause past its K = 4096 and 2048
-#                     tiles) and on row 11
+#                     tiles) and on row 12 (v45 numbered the experimental rows from 10, before TF32's row 10 of v47)
 #   finish-local      the finish's local walk (perf/NOTES.md v45; GEMMBN_FINISH_LOCAL_MERGE, read per launch): its GPU
 #                     tests, then the training forward with it against the barrier walk at small shapes (few partials
 #                     per column; GEMMBN_LOCAL_SIZES to change), TF32 and bf16, perf/ab.sh, three rounds, back to back
@@ -81,8 +81,9 @@
 #                     _operators.so, such as under the ignored perf/results/raw/), perf/ab.sh, three rounds, back to
 #                     back and synchronized, at GEMMBN_AB_SIZES (default: finish-local's) in GEMMBN_AB_CONFIGS
 #                     (default tf32,bf16)
-#   one-wave-order    the one-wave row's tile order (row 4: 65-131 tiles of 128x128, long K): tune_gemm with the node
-#                     over rasters 0-2 x swizzles rule/1/2 (50 calls each), then the training forward by the rule
+#   one-wave-order    the one-wave rows' tile order (row 4, W multicast, and TF32 row 10 / 16-bit row 9, x multicast:
+#                     65-131 tiles of 128x128, long K): tune_gemm with the node over rasters 0-2 x swizzles rule/1/2
+#                     (50 calls each), then the training forward by the rule
 #                     against GEMMBN_TRAIN_TILE_ORDER=M1 (along M, swizzle 1), cuBLAS's addmm in every line, three
 #                     rounds, back to back and synchronized; sizes by GEMMBN_ONE_WAVE_SIZES
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
@@ -407,7 +408,7 @@ for name in $steps; do
       IFS=';' read -r -a shapes <<< "$sizes"
       size_args=()
       for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
-      timeout $(limit 120) python3 perf/tune_gemm.py --dtypes bfloat16,float32 --rows 4 --rasters 0,1,2 \
+      timeout $(limit 120) python3 perf/tune_gemm.py --dtypes bfloat16,float32 --rows 4,9,10 --rasters 0,1,2 \
         --swizzles 0,1,2 --iters 50 "${size_args[@]}" --out "$out/tune-one-wave-order.csv" 2>&1 \
         | tee "$out/tune-one-wave-order.txt" | awk '/:/{c=0} {c++; if (c<=6) print}'
       bench_ab_both_methods one-wave-order 200 3 rule:GEMMBN_TRAIN_TILE_ORDER= alongM1:GEMMBN_TRAIN_TILE_ORDER=M1 \
@@ -418,10 +419,10 @@ for name in $steps; do
         -- --sizes "$sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 30 ;;
     tf32-stages)
       require_rows float32 4,12 || continue
-      timeout $(limit 100) python3 perf/tune_gemm.py --dtypes float32 --rows 4,12 --rasters 0 --swizzles 0 --iters 20 \
+      timeout $(limit 100) python3 perf/tune_gemm.py --dtypes float32 --rows 4,13 --rasters 0 --swizzles 0 --iters 20 \
         --size 4096 8192 512 --size 256 8192 8192 --size 1024 8192 2048 --size 2048 4096 1024 \
         --out "$out/tune-tf32-one-wave.csv" 2>&1 | tee "$out/tune-tf32-one-wave.txt" | awk '/:/{c=0} {c++; if (c<=5) print}'
-      wide_tile_check tf32-stages float32 tf32 0,1,7,9,11 "row9y:GEMMBN_STATISTICS_SOURCE=y row11y:GEMMBN_PLAIN_ROW=11,GEMMBN_STATISTICS_SOURCE=y" \
+      wide_tile_check tf32-stages float32 tf32 0,1,7,9,12 "row9y:GEMMBN_STATISTICS_SOURCE=y row12y:GEMMBN_PLAIN_ROW=12,GEMMBN_STATISTICS_SOURCE=y" \
         "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 1024 1024" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"

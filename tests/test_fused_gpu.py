@@ -40,6 +40,9 @@ BENCHMARK = (16384, 4096, 4096)
 # cluster would pad) takes the stream-K row (select_config): its workspace comes from fused.py, and its flags are
 # zeroed by a memset on the stream, inside CUDA graphs too.
 STREAM_K = (384, 8192, 4096)
+# Under a wave with K = 4096 and no more tiles along N than twice along M: the one-wave row with x multicast (TF32 row
+# 10, 16-bit row 9; v47), ragged along both M and N (10 column tiles, the last one 8 columns wide).
+ONE_WAVE_X = (1000, 4096, 1160)
 
 
 def _cases(shapes_for):
@@ -50,7 +53,7 @@ def _cases(shapes_for):
     ]
 
 
-ACCURACY_CASES = _cases(lambda dtype: [*RAGGED[dtype.itemsize * 8], BENCHMARK]) + [
+ACCURACY_CASES = _cases(lambda dtype: [*RAGGED[dtype.itemsize * 8], ONE_WAVE_X, BENCHMARK]) + [
     pytest.param(torch.float32, "high", STREAM_K, id="fp32-high-stream-k-384x8192x4096")
 ]
 MID_CASES = _cases(lambda dtype: [(1000, 512, 264), BENCHMARK])

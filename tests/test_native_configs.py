@@ -110,8 +110,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # up to 64 tiles with K > 4096: its stream-K row 6, split-K 2 or 3; else at 49-64 tiles 64x128 tiles on a 2x1
     # cluster, TF32 row 8 and 16-bit row 7, where that cluster pads nothing) the row that makes the most of one wave:
     # 128x96 (row 5) where that grid fills more than half a wave without passing it and its 2x1 cluster pads nothing
-    # (past 64 tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2), else 128x128
-    # (row 4);
+    # (past 64 tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2), else 128x128:
+    # from K = 4096 with x multicast (TF32 row 10, 16-bit row 9) where there are at most twice as many tiles along N as
+    # along M and its 1x2 cluster pads nothing, else with W multicast (row 4);
     # larger ones ping-pong 128x128 with a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row
     # for 512 < M <= 2048 where the 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the
     # 1x2-cluster row for M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16
@@ -137,8 +138,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[5]) == (128, 96, 0, 2, 1) and rows[5]["stream_k"] == 0
         # Row 0's tile without the statistics node (TF32 row 7, 16-bit row 6: 64-column subtiles fit without the
         # node), for launches without partials; past it the 64x128 row with a 2x1 cluster, then cuBLAS's cooperative
-        # 256x128 tile with x multicast, without the node (launches without partials from K = 2048). The experimental
-        # rows of CMake GEMMBN_EXPERIMENT_ROWS=ON follow.
+        # 256x128 tile with x multicast, without the node (launches without partials from K = 2048).
         without = 7 if tf32 else 6
         assert layout(rows[without]) == layout(rows[0]) and rows[without]["statistics"] == 0
         assert rows[without]["epilogue_n"] == (32 if tf32 else 64)
@@ -147,6 +147,11 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[wide_tile]) == (256, 128, 0, 1, 2) and rows[wide_tile]["statistics"] == 0
         # TF32's with 128x16 epilogue subtiles: fp32 y's 128x32 ones left its mainloop 3 stages, these 4 (v45)
         assert rows[wide_tile]["epilogue_n"] == (16 if tf32 else 0)
+        # Row 4 with x multicast instead of W, its tiles along M (v47). The experimental rows of CMake
+        # GEMMBN_EXPERIMENT_ROWS=ON follow.
+        one_wave_x = wide_tile + 1
+        assert layout(rows[one_wave_x]) == (128, 128, 0, 1, 2) and rows[one_wave_x]["statistics"] == 1
+        assert rows[one_wave_x]["raster"] == 1 and rows[one_wave_x]["stream_k"] == 0
         assert all(r["statistics"] for r in rows[:without])
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
@@ -179,16 +184,20 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (1536, 2048, 1024): (5, 5),  # N no multiple of 96, but K < 4096
         (1024, 2048, 2048): (4, 4),  # 128 tiles, 176 of 128x96: past a wave
         (256, 8192, 8192): (4, 4),  # 128 tiles, under a wave, K >= 4096: one wave of cooperative tiles
-        (4096, 8192, 512): (4, 4),
-        (4096, 4096, 512): (4, 4),  # K = 4096 too
-        (1536, 4096, 1024): (4, 4),  # 96 tiles (128x96 would make 132, but N is not a multiple of 96)
-        (1536, 8192, 1024): (4, 4),
+        (1024, 8192, 2048): (10, 9),  # 16 tiles along N, 8 along M: at most twice as many
+        (1000, 4096, 1160): (10, 9),  # tests/test_fused_gpu.py's ONE_WAVE_X: 80 tiles, 104 of 128x96
+        (512, 8192, 4096): (4, 4),  # 32 along N, 4 along M: W multicast
+        (1024, 8192, 1920): (4, 4),  # 15 along N: the 1x2 cluster would pad
+        (4096, 8192, 512): (10, 9),  # 32 tiles along M, 4 along N: x multicast (v47)
+        (4096, 4096, 512): (10, 9),  # K = 4096 too
+        (1536, 4096, 1024): (10, 9),  # 96 tiles (128x96 would make 132, but N is not a multiple of 96)
+        (1536, 8192, 1024): (10, 9),
         (1024, 8192, 1536): (5, 5),  # 96 tiles; 128 of 128x96 with N a multiple of 96
         (2048, 8192, 768): (5, 5),
         (1280, 8192, 1152): (5, 5),  # 90 tiles, 120 of 128x96
-        (1536, 8192, 1152): (4, 4),  # 108 tiles, but 144 of 128x96: past a wave
+        (1536, 8192, 1152): (4, 4),  # 108 tiles, but 144 of 128x96: past a wave; 9 along N: a 1x2 cluster pads
         (384, 8192, 4096): (6, 1),  # 96 tiles, 3 along M: row 4's 2x1 cluster would pad (TF32: its stream-K row)
-        (1152, 8192, 1536): (6, 1),  # 108 tiles, 9 along M: both one-wave rows' clusters would pad
+        (1152, 8192, 1536): (10, 9),  # 108 tiles, 9 along M: row 4's cluster would pad, the 1x2 one not
         (384, 4096, 4096): (2, 1),  # the same at K = 4096: no stream-K row there
         (4096, 2048, 512): (4, 4),  # 128 tiles at K = 2048
         (4096, 1024, 1024): (2, 2),  # 256 tiles, short K

@@ -40,6 +40,13 @@ static_assert(config_at(GemmOperands::tf32, kTf32WideTile).tile_m == 256 &&
                   config_at(GemmOperands::bf16, kHalfWideTile).tile_m == 256 &&
                   config_at(GemmOperands::bf16, kHalfWideTile).statistics == 0,
               "configs.h's cooperative 256x128 rows: TF32 row 9, 16-bit row 8");
+// The one-wave 128x128 cooperative row with x multicast (a 1x2 cluster) instead of row 4's W (TF32 row 10, 16-bit 9).
+constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9;
+static_assert(config_at(GemmOperands::tf32, kTf32OneWaveX).cluster_n == 2 &&
+                  config_at(GemmOperands::tf32, kTf32OneWaveX).pingpong == 0 &&
+                  config_at(GemmOperands::bf16, kHalfOneWaveX).cluster_n == 2 &&
+                  config_at(GemmOperands::bf16, kHalfOneWaveX).pingpong == 0,
+              "configs.h's one-wave rows with x multicast: TF32 row 10, 16-bit row 9");
 // Narrow outputs: x, the large operand at long K, is read once per tile column, so few of them matter.
 constexpr int kNarrowN = 1024;
 int64_t tiles_128(int M, int N) { return ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128); }
@@ -156,6 +163,11 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     if (tiles > 48 && tiles <= 64 && !pads(narrow_pair)) return narrow_pair;
     if (tiles <= 64) return narrow_wave ? kOneWave96 : kNarrow;
     if (narrow_wave && (N % narrow.tile_n == 0 || K < kLongK)) return kOneWave96;
+    // x multicast from K = 4096 where W's tiles have at least half as many readers as x's (tiles along M against
+    // along N): the readers of a W tile ask for it in step, and L2's request coalescer merges those loads (v47).
+    const int one_wave_x = tf32 ? kTf32OneWaveX : kHalfOneWaveX;
+    const int64_t tiles_m = (int64_t(M) + 127) / 128, tiles_n = (int64_t(N) + 127) / 128;
+    if (K >= kLongK && tiles_n <= 2 * tiles_m && !pads(one_wave_x)) return one_wave_x;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }

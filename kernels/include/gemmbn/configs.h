@@ -58,7 +58,9 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   one tile; ping-pong leaves one idle there) on a 2x1 cluster where it pads nothing: 128x96 ones where they fill
 //   more than half a wave (more SMs busy, each with 3/4 of a 128x128 tile's work), else 128x128 past 64 tiles; TF32's
 //   stream-K row where the cluster would pad (rows 4-6: perf/NOTES.md v20, v21; the 128x256 stream-K rows and 16-bit's
-//   128x128 one never won);
+//   128x128 one never won); from K = 4096 the same tile with x multicast instead of W (TF32 row 10, 16-bit row 9)
+//   where W's tiles have at least half as many readers as x's: every M tile reads W's tiles in step, so L2's request
+//   coalescer merges their unicast loads, and the multicast halves x's (4096x8192->512: 1.19x -> 1.04x cuBLAS; v47);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators);
 // - launches without partials (eval, the training forward with its statistics from y) take row 0 without the moments
 //   node at short K (and TF32 wherever row 0 runs): the node's per-value work is what the ping-pong epilogue cannot
@@ -79,11 +81,11 @@ inline constexpr TileConfig kTf32Configs[] = {
     // 9: cooperative 256x128 without the node, x multicast (16-bit row 8's); its 128x16 epilogue subtiles leave the
     // mainloop 4 stages, not 3 (fp32 y: 16 KB less shared memory): 2.7-8.9% faster at five long-K shapes (v45)
     {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 0},
+    {128, 128, 32, 1, 2, 32, 0, 1, 8},  // 10: row 4 with x multicast, along M (one wave, W's tiles read in step: v47)
 #if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45): picked by no rule
-    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 10: row 7, 64-column epilogue subtiles
-    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 11: cooperative 128x256 without the node, W multicast, 4 stages
-    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 12: row 4 with 128x16 subtiles: 6 stages, not 5
-    {128, 128, 32, 1, 2, 32, 0, 0, 8},            // 13: row 4 with x multicast instead of W (NOTES v47)
+    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 11: row 7, 64-column epilogue subtiles
+    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 12: cooperative 128x256 without the node, W multicast, 4 stages
+    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 13: row 4 with 128x16 subtiles: 6 stages, not 5
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
@@ -96,10 +98,10 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {128, 128, 64, 2, 1, 64, 1, 0, 8, 1, 0, 0},  // 6: row 0 without the statistics node, 64-column epilogue subtiles
     {64, 128, 64, 2, 1, 32, 1, 0, 8},            // 7: row 2, W multicast to 2 CTAs (half its L2 reads of W)
     {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 8: cooperative 256x128 without the node, x multicast (cuBLAS's tile)
+    {128, 128, 64, 1, 2, 32, 0, 1, 8},           // 9: row 4 with x multicast, along M (one wave, W read in step: v47)
 #if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
-    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 9: row 6 with 32-column subtiles
-    {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 10: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
-    {128, 128, 64, 1, 2, 32, 0, 0, 8},            // 11: row 4 with x multicast instead of W (NOTES v47)
+    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 10: row 6 with 32-column subtiles
+    {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 11: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
 #endif
 };
 
