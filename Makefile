@@ -37,7 +37,7 @@ build: $(VENV)/.deps
 ifdef VERBOSE
 	$(PY) -m pip install --no-build-isolation --no-deps -v .
 else
-	@mkdir -p build && echo "building gemmbn (first build ~11 min on 2 cores; log: build/pip.log)"
+	@mkdir -p build && echo "building gemmbn (first build ~14 min on 2 cores; log: build/pip.log)"
 	@$(PY) -m pip install --no-build-isolation --no-deps -v . 2>&1 | tee build/pip.log \
 	  | sed -nuE 's#^ *(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+\.(cu|cpp))( .*)?$$#  \1 \3#p; s#^ *(\[[0-9]+/[0-9]+\] Linking .*)#  \1#p' \
 	  || { tail -40 build/pip.log; exit 1; }
