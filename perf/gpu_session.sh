@@ -150,15 +150,21 @@ bench_ab_both_methods() {
 # SIZES (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against each of SIDES (perf/ab.sh NAME:ENV,
 # space-separated; two rounds; cuBLAS's addmm timed in the same lines, whose drift between sides shows the device's:
 # perf/NOTES.md v44).
+# size_args SIZES: SIZES ("M K N;M K N;...") as tune_gemm.py's arguments (--size M K N ...), in the array size_args.
+size_args() {
+  local shapes shape
+  IFS=';' read -r -a shapes <<< "$1"
+  size_args=()
+  for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
+}
 #   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDES SIZES
 wide_tile_check() {
-  local prefix=$1 dtype=$2 config=$3 rows=$4 sizes=${GEMMBN_TUNE_SIZES:-$6} shapes size_args=() shape sides
+  local prefix=$1 dtype=$2 config=$3 rows=$4 sizes=${GEMMBN_TUNE_SIZES:-$6} sides
   read -r -a sides <<< "$5"
   require_rows "$dtype" "$rows" || return 1
   timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
     | tee "$out/$prefix-tests.log" | tail -3
-  IFS=';' read -r -a shapes <<< "$sizes"
-  for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
+  size_args "$sizes"
   timeout $(limit 150) python3 perf/tune_gemm.py --dtypes "$dtype" --no-stats --rows "$rows" --rasters 0 --swizzles 0 \
     --iters 20 "${size_args[@]}" --out "$out/tune-$prefix.csv" 2>&1 | tee "$out/tune-$prefix.txt" \
     | awk '/:/{c=0} {c++; if (c<=8) print}'
@@ -405,9 +411,7 @@ for name in $steps; do
         --configs "${GEMMBN_AB_CONFIGS:-tf32,bf16}" --providers gemmbn,eager --no-compile --iters 30 ;;
     one-wave-order)
       sizes="${GEMMBN_ONE_WAVE_SIZES:-4096 8192 512;1024 8192 2048;256 8192 8192;2048 8192 1024;4096 4096 512;2048 4096 1024}"
-      IFS=';' read -r -a shapes <<< "$sizes"
-      size_args=()
-      for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
+      size_args "$sizes"
       timeout $(limit 120) python3 perf/tune_gemm.py --dtypes bfloat16,float32 --rows 4,9,10 --rasters 0,1,2 \
         --swizzles 0,1,2 --iters 50 "${size_args[@]}" --out "$out/tune-one-wave-order.csv" 2>&1 \
         | tee "$out/tune-one-wave-order.txt" | awk '/:/{c=0} {c++; if (c<=6) print}'

@@ -742,7 +742,7 @@ FinishParams<T> finish_params(const FinishNormalizeArgs& a, const WorkItems& wor
                     static_cast<int>(work.items), kRanks ? a.rank_moments : nullptr, kRanks ? 3 * N : N, a.moments,
                     static_cast<const T*>(a.product_bias), static_cast<const T*>(a.product_scale),
                     static_cast<T*>(a.pre_norm)};
-  if (kMode != FinishMode::moments) {  // the workspace: alpha [N], delta [N], the counter
+  if (kMode != FinishMode::moments) {  // the workspace: alpha [N], delta [N], then the claim counter (launch_finish's)
     p.alpha = static_cast<float*>(a.workspace);
     p.delta = p.alpha + N;
   }

@@ -49,14 +49,16 @@ static_assert(config_at(GemmOperands::tf32, kTf32OneWaveX).cluster_n == 2 &&
               "configs.h's one-wave rows with x multicast: TF32 row 10, 16-bit row 9");
 // Narrow outputs: x, the large operand at long K, is read once per tile column, so few of them matter.
 constexpr int kNarrowN = 1024;
-int64_t tiles_128(int M, int N) { return ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128); }
+// 128-wide tiles along one dimension of the output, and in all.
+int64_t tiles_along(int extent) { return (int64_t(extent) + 127) / 128; }
+int64_t tiles_128(int M, int N) { return tiles_along(M) * tiles_along(N); }
 
 // Whether a row's tile grid spans more 128-column blocks along N than the output has: a 256-wide tile, or a 2-CTA
 // cluster along N, over an odd number of them computes a tile column for nothing.
 bool pads_along_n(TileConfig const& c, int N) {
   const int64_t tiles_n = (int64_t(N) + c.tile_n - 1) / c.tile_n;
   const int64_t grid_columns = (tiles_n + c.cluster_n - 1) / c.cluster_n * c.cluster_n * c.tile_n;
-  return grid_columns > (int64_t(N) + 127) / 128 * 128;
+  return grid_columns > tiles_along(N) * 128;
 }
 
 // The waves a row's grid spans (a partial last wave counts whole).
@@ -166,8 +168,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     // x multicast from K = 4096 where W's tiles have at least half as many readers as x's (tiles along M against
     // along N): the readers of a W tile ask for it in step, and L2's request coalescer merges those loads (v47).
     const int one_wave_x = tf32 ? kTf32OneWaveX : kHalfOneWaveX;
-    const int64_t tiles_m = (int64_t(M) + 127) / 128, tiles_n = (int64_t(N) + 127) / 128;
-    if (K >= kLongK && tiles_n <= 2 * tiles_m && !pads(one_wave_x)) return one_wave_x;
+    if (K >= kLongK && tiles_along(N) <= 2 * tiles_along(M) && !pads(one_wave_x)) return one_wave_x;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }
