@@ -64,6 +64,13 @@
 #                     c1x2) without the node at the H100's trailing TF32 shapes, then the TF32 forward there by the rule
 #                     (row 9, the y pass from K = 4096) against row 0's tile (GEMMBN_STATISTICS_SOURCE=epilogue,
 #                     GEMMBN_PLAIN_ROW=7: the rule before v44 at these shapes)
+#   wide-tiles-rest   the cooperative 256x128 row without the node (16-bit row 8) where the rule never measured it
+#                     (perf/NOTES.md v48): N <= 1024 at K > 4096 (row 1 there) and K <= 1024 past a wave (row 6):
+#                     tune_gemm over rows 1, 6 and 8 without the node, then the bf16 forward by the rule against
+#                     GEMMBN_PLAIN_ROW=8 (eval on row 8; training too where its statistics come from y) and against
+#                     row 8 with the y pass (GEMMBN_PLAIN_ROW=8,GEMMBN_STATISTICS_SOURCE=y)
+#   wide-tiles-rest-tf32  the same for TF32 row 9 at N <= 1024 and K > 4096 (row 1, the cooperative 128x256 tile, there;
+#                     at K <= 1024 row 9 lost to row 7 in v45's tune): rows 1, 7 and 9, the rule against GEMMBN_PLAIN_ROW=9
 #   tf32-y-pass       TF32's y pass on the 4-stage row 9 where the rule keeps the node (K = 2048, past 2048 tiles:
 #                     perf/NOTES.md v45), the forward by the rule against GEMMBN_STATISTICS_SOURCE=y with cuBLAS's addmm
 #                     in every line, three rounds, back to back and synchronized; other sizes by GEMMBN_Y_PASS_SIZES
@@ -399,6 +406,13 @@ for name in $steps; do
     wide-tiles-tf32)
       wide_tile_check wide-tf32 float32 tf32 0,7,9 row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=7 \
         "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 4096 4096;1024 4096 4096" ;;
+    wide-tiles-rest)
+      wide_tile_check wide-rest bfloat16 bf16 1,6,8 \
+        "row8:GEMMBN_PLAIN_ROW=8 row8y:GEMMBN_PLAIN_ROW=8,GEMMBN_STATISTICS_SOURCE=y" \
+        "16384 8192 512;16384 8192 1024;8192 8192 1024;65536 1024 1024;16384 1024 1024;65536 512 512" ;;
+    wide-tiles-rest-tf32)
+      wide_tile_check wide-rest-tf32 float32 tf32 1,7,9 row9:GEMMBN_PLAIN_ROW=9 \
+        "16384 8192 512;16384 8192 1024;8192 8192 1024;65536 8192 512" ;;
     finish-local)
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py tests/test_native_gpu.py \
         -k "local_walk or training_pipeline or outlying_first_tile" 2>&1 | tee "$out/finish-local-tests.log" | tail -3
