@@ -82,10 +82,14 @@ inline constexpr TileConfig kTf32Configs[] = {
     // mainloop 4 stages, not 3 (fp32 y: 16 KB less shared memory): 2.7-8.9% faster at five long-K shapes (v45)
     {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 0},
     {128, 128, 32, 1, 2, 32, 0, 1, 8},  // 10: row 4 with x multicast, along M (one wave, W's tiles read in step: v47)
-#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45): picked by no rule
+#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45, v48): picked by no rule
     {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 11: row 7, 64-column epilogue subtiles
     {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 12: cooperative 128x256 without the node, W multicast, 4 stages
     {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 13: row 4 with 128x16 subtiles: 6 stages, not 5
+    // 14-15: the other one-wave rows (5: 128x96, 8: the 64x128 pair) with x multicast, along M, as row 10 is row 4's
+    // (where W's tiles have more readers in step than x's, L2's request coalescer merges W's loads: v47, v48)
+    {128, 96, 32, 1, 2, 32, 0, 1, 8},   // 14: row 5 with x multicast
+    {64, 128, 32, 1, 2, 32, 1, 1, 8},   // 15: row 8 with x multicast
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
@@ -99,9 +103,11 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {64, 128, 64, 2, 1, 32, 1, 0, 8},            // 7: row 2, W multicast to 2 CTAs (half its L2 reads of W)
     {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 8: cooperative 256x128 without the node, x multicast (cuBLAS's tile)
     {128, 128, 64, 1, 2, 32, 0, 1, 8},           // 9: row 4 with x multicast, along M (one wave, W read in step: v47)
-#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23): picked by no rule
+#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v48): picked by no rule
     {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 10: row 6 with 32-column subtiles
     {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 11: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
+    {128, 96, 64, 1, 2, 32, 0, 1, 8},            // 12: row 5 with x multicast, along M (TF32 row 14's: v48)
+    {64, 128, 64, 1, 2, 32, 1, 1, 8},            // 13: row 7 with x multicast, along M (TF32 row 15's: v48)
 #endif
 };
 
