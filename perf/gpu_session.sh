@@ -93,6 +93,11 @@
 #                     (50 calls each), then the training forward by the rule
 #                     against GEMMBN_TRAIN_TILE_ORDER=M1 (along M, swizzle 1), cuBLAS's addmm in every line, three
 #                     rounds, back to back and synchronized; sizes by GEMMBN_ONE_WAVE_SIZES
+#   one-wave-x-rest   the other one-wave rows with x multicast (perf/NOTES.md v48; carry a GEMMBN_EXPERIMENT_ROWS=ON
+#                     build): every row's GPU test, then tune_gemm with the node over 128x96 tiles (TF32 rows 5 and 14,
+#                     16-bit 5 and 12) and the 64x128 pairs (TF32 rows 8 and 15, 16-bit 7 and 13), rasters 0-2 x
+#                     swizzles rule/1, 50 calls each, at shapes where W's tiles have more readers than x's, at half
+#                     as many (v47's limit) and at far fewer (the control)
 #   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
 #                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
 #                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
@@ -435,6 +440,18 @@ for name in $steps; do
       sizes="${GEMMBN_Y_PASS_SIZES:-16384 4096 4096;65536 4096 4096;4096 2048 8192;16384 2048 8192}"
       bench_ab_both_methods tf32-y-pass 220 3 rule:GEMMBN_STATISTICS_SOURCE= y:GEMMBN_STATISTICS_SOURCE=y \
         -- --sizes "$sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 30 ;;
+    one-wave-x-rest)
+      { require_rows float32 14,15 && require_rows bfloat16 12,13; } || continue
+      timeout $(limit 120) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
+        | tee "$out/one-wave-x-rest-tests.log" | tail -3
+      for run in "96 float32 5,14" "96 bfloat16 5,12" "pair float32 8,15" "pair bfloat16 7,13"; do
+        read -r tiles dtype rows <<< "$run"
+        if [[ $tiles == 96 ]]; then size_args "2048 8192 768;1280 8192 1152;2048 2048 768;1024 8192 1536;512 4096 3072"
+        else size_args "2048 4096 512;1024 4096 1024;1024 8192 1024;512 2048 2048;256 4096 4096"; fi
+        timeout $(limit 100) python3 perf/tune_gemm.py --dtypes "$dtype" --rows "$rows" --rasters 0,1,2 --swizzles 0,1 \
+          --iters 50 "${size_args[@]}" --out "$out/tune-one-wave-x-$tiles-$dtype.csv" 2>&1 \
+          | tee "$out/tune-one-wave-x-$tiles-$dtype.txt" | awk '/:/{c=0} {c++; if (c<=5) print}'
+      done ;;
     tf32-stages)
       require_rows float32 4,12 || continue
       timeout $(limit 100) python3 perf/tune_gemm.py --dtypes float32 --rows 4,13 --rasters 0 --swizzles 0 --iters 20 \
