@@ -69,8 +69,9 @@
 #                     tune_gemm over rows 1, 6 and 8 without the node, then the bf16 forward by the rule against
 #                     GEMMBN_PLAIN_ROW=8 (eval on row 8; training too where its statistics come from y) and against
 #                     row 8 with the y pass (GEMMBN_PLAIN_ROW=8,GEMMBN_STATISTICS_SOURCE=y)
-#   wide-tiles-rest-tf32  the same for TF32 row 9 at N <= 1024 and K > 4096 (row 1, the cooperative 128x256 tile, there;
-#                     at K <= 1024 row 9 lost to row 7 in v45's tune): rows 1, 7 and 9, the rule against GEMMBN_PLAIN_ROW=9
+#   wide-tiles-rest-tf32  the same for TF32 row 9 at N <= 1024 and K > 4096 (row 1, the cooperative 128x256
+#                     tile, there; at K <= 1024 row 9 lost to row 7 in v45's tune): rows 1, 7 and 9, the rule
+#                     against GEMMBN_PLAIN_ROW=9
 #   tf32-y-pass       TF32's y pass on the 4-stage row 9 where the rule keeps the node (K = 2048, past 2048 tiles:
 #                     perf/NOTES.md v45), the forward by the rule against GEMMBN_STATISTICS_SOURCE=y with cuBLAS's addmm
 #                     in every line, three rounds, back to back and synchronized; other sizes by GEMMBN_Y_PASS_SIZES
