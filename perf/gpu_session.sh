@@ -170,13 +170,17 @@ size_args() {
   size_args=()
   for shape in "${shapes[@]}"; do size_args+=(--size $shape); done
 }
+# row_tests PREFIX: every configuration row's GPU test in the carried build (PREFIX-tests.log).
+row_tests() {
+  timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
+    | tee "$out/$1-tests.log" | tail -3
+}
 #   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDES SIZES
 wide_tile_check() {
   local prefix=$1 dtype=$2 config=$3 rows=$4 sizes=${GEMMBN_TUNE_SIZES:-$6} sides
   read -r -a sides <<< "$5"
   require_rows "$dtype" "$rows" || return 1
-  timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
-    | tee "$out/$prefix-tests.log" | tail -3
+  row_tests "$prefix"
   size_args "$sizes"
   timeout $(limit 150) python3 perf/tune_gemm.py --dtypes "$dtype" --no-stats --rows "$rows" --rasters 0 --swizzles 0 \
     --iters 20 "${size_args[@]}" --out "$out/tune-$prefix.csv" 2>&1 | tee "$out/tune-$prefix.txt" \
@@ -443,8 +447,7 @@ for name in $steps; do
         -- --sizes "$sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 30 ;;
     one-wave-x-rest)
       { require_rows float32 14,15 && require_rows bfloat16 12,13; } || continue
-      timeout $(limit 120) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
-        | tee "$out/one-wave-x-rest-tests.log" | tail -3
+      row_tests one-wave-x-rest
       for run in "96 float32 5,14" "96 bfloat16 5,12" "pair float32 8,15" "pair bfloat16 7,13"; do
         read -r tiles dtype rows <<< "$run"
         if [[ $tiles == 96 ]]; then size_args "2048 8192 768;1280 8192 1152;2048 2048 768;1024 8192 1536;512 4096 3072"
