@@ -17,7 +17,8 @@
 #                     N), TF32 and bf16, heuristic order, every row with stream-K rows also as split-K 2 and 4
 #   finish-bandwidth  finish_normalize against a device copy
 #   cuda-facts        perf/cuda_facts.py: SM count, L2, rated clocks, DRAM peak (cuda-python: carry its wheels in .whl/)
-#   clocks            perf/clocks_under_load.py: ms, SM clock and power of gemmbn's and cuBLAS's GEMMs
+#   clocks            perf/clocks_under_load.py: ms, SM clock and power of gemmbn's and cuBLAS's GEMMs (at the
+#                     KernelBench shape; GEMMBN_CLOCKS_SIZE="M K N" for another)
 #   breakdown         each launch alone
 #   host              perf/host_overhead.py --profile --launch and perf/anatomy.py at the tiny shape (host-bound)
 #   bench             perf/bench.py at the KernelBench shape, every provider
@@ -37,6 +38,11 @@
 #   backward          the backward's GPU tests (tests/test_backward_gpu.py)
 #   train-step        perf/train_step.py: forward + backward (+ SGD step) against eager and torch.compile at
 #                     issue 16's four shapes, fp32 / TF32 / bf16 (sizes by GEMMBN_TRAIN_SIZES="M K N;...")
+#   fp32-step         the training step where gemmbn's fp32 `highest` SGD step trailed eager (perf/NOTES.md v48, v49;
+#                     4096x1024->1024, GEMMBN_STEP_SIZE="M K N" to change): perf/train_step.py (fp32 and TF32, the
+#                     control, gemmbn and eager, both modes), perf/host_step.py's host time per piece in both modes
+#                     (the SGD update's, and the weight split's that every update brings), then
+#                     perf/step_anatomy.py's kernels per step in both modes
 #   statistics-source perf/statistics_source.py without torch.compile, three runs (a disturbed run shows as eager
 #                     far off the others): the y pass against the epilogue where the rule's choice is least measured
 #                     (perf/NOTES.md v25), TF32 and bf16; other sizes by GEMMBN_SOURCE_SIZES="M K N;...", other
@@ -264,7 +270,8 @@ for name in $steps; do
     finish-bandwidth)
       timeout $(limit 60) python3 perf/finish_bandwidth.py 2>&1 | tee "$out/finish.txt" ;;
     clocks)
-      timeout $(limit 170) python3 perf/clocks_under_load.py 2>&1 | tee "$out/clocks.txt" ;;
+      timeout $(limit 170) python3 perf/clocks_under_load.py ${GEMMBN_CLOCKS_SIZE:+--size $GEMMBN_CLOCKS_SIZE} 2>&1 \
+        | tee "$out/clocks.txt" ;;
     host)
       timeout $(limit 150) python3 perf/host_overhead.py --profile --launch 2>&1 | tee "$out/host.txt" | head -45
       timeout $(limit 90) python3 perf/anatomy.py --size 128 1024 512 --dtype bfloat16 2>&1 \
@@ -306,6 +313,16 @@ for name in $steps; do
     train-step)
       timeout $(limit 400) python3 perf/train_step.py ${GEMMBN_TRAIN_SIZES:+--sizes "$GEMMBN_TRAIN_SIZES"} \
         --out "$out/train_step.csv" 2>&1 | tee "$out/train_step.txt" | tail -30 ;;
+    fp32-step)
+      read -r M K N <<< "${GEMMBN_STEP_SIZE:-4096 1024 1024}"
+      timeout $(limit 150) python3 perf/train_step.py --sizes "$M $K $N" --configs fp32,tf32 --providers gemmbn,eager \
+        --iters 30 --out "$out/fp32-step.csv" 2>&1 | tee "$out/fp32-step.txt" | tail -6
+      timeout $(limit 120) python3 perf/host_step.py --size $M $K $N --config fp32 --steps 100 2>&1 \
+        | tee "$out/fp32-step-host.txt"
+      for mode in fwd_bwd step; do
+        timeout $(limit 60) python3 perf/step_anatomy.py --size $M $K $N --config fp32 --mode $mode --iters 10 2>&1 \
+          | tee -a "$out/fp32-step-anatomy.txt" | head -16
+      done ;;
     statistics-source)
       sizes="5120 1024 512;4352 512 512;640 512 8192;384 1024 8192;2560 1024 1024;3072 1024 1024;1536 1024 2048"
       sizes=${GEMMBN_SOURCE_SIZES:-$sizes}

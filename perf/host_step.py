@@ -1,14 +1,17 @@
 """Host time of a training step, piece by piece: where a host-bound step (small shapes) spends its CPU time.
 
-    python perf/host_step.py [--size M K N] [--config fp32|tf32|bf16|fp16] [--providers gemmbn,eager] [--steps 60]
+    python perf/host_step.py [--size M K N] [--config fp32|tf32|bf16|fp16] [--providers gemmbn,eager]
+                             [--modes fwd_bwd,step] [--steps 60]
 
-Per provider (perf/train_step.py's models and step):
+Per provider and mode (perf/train_step.py's models, step and modes: `step` adds its SGD-with-momentum update):
 - back to back: host microseconds per step (the loop's time before the final synchronize) and wall time per step;
   host ≈ wall means the host is the bottleneck;
-- synchronized (the GPU idle before each step, as a caller reading its loss sees it): host time of the forward call
-  and of backward(), medians;
-- gemmbn only: the host time of each call into gemmbn.fused (each native operator with its Python wrapper) and of
-  backward.linear_scale_bn_backward, medians per call, within those synchronized steps.
+- synchronized (the GPU idle before each step, as a caller reading its loss sees it): host time of the forward call,
+  of backward() and of the optimizer's step, medians;
+- gemmbn only: the host time of each call into gemmbn.fused (each native operator with its Python wrapper), of
+  backward.linear_scale_bn_backward and of the fp32-faithful GEMM's weight split (weight_cache.split_now: made again
+  after every update of W, so once a step in `step` mode and never in `fwd_bwd`), medians per call, within those
+  synchronized steps.
 Wall-clock timing (time.perf_counter), no profiler: torch.profiler's per-op times on a slow host were skewed by its
 first profiled step (perf/NOTES.md v17).
 """
@@ -21,12 +24,12 @@ import time
 from collections import defaultdict
 
 import torch
-from train_step import CONFIGS, _problem, _step
+from train_step import CONFIGS, MODES, _problem, _step, sgd
 
-from gemmbn import backward, fused
+from gemmbn import backward, fused, weight_cache
 
 TIMED = {fused: ("train_forward", "batch_norm_backward", "split_matmul", "transpose_with_maxima", "matmul"),
-         backward: ("linear_scale_bn_backward",)}  # fmt: skip
+         backward: ("linear_scale_bn_backward",), weight_cache: ("split_now",)}  # fmt: skip
 
 
 def _timed_calls(times: dict[str, list[float]]) -> None:
@@ -44,11 +47,16 @@ def _timed_calls(times: dict[str, list[float]]) -> None:
             setattr(module, name, timed)
 
 
+def _median_us(times: list[float]) -> str:
+    return f"{1e6 * statistics.median(times):.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=[4096, 1024, 1024], metavar=("M", "K", "N"))
     parser.add_argument("--config", default="fp32", choices=list(CONFIGS))
     parser.add_argument("--providers", default="gemmbn,eager")
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=60)
     args = parser.parse_args()
     M, K, N = args.size
@@ -56,34 +64,42 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {M}x{K}->{N} {args.config}, host time in us")
     calls: dict[str, list[float]] = defaultdict(list)
     _timed_calls(calls)
-    for provider, module in models.items():
-        step = _step(module, x, dout, None)
-        for _ in range(10):
-            step()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        host = time.perf_counter() - start
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - start
-        print(f"\n{provider}: back to back {1e6 * host / args.steps:.1f} host, {1e6 * wall / args.steps:.1f} wall per step")
-        calls.clear()
-        forward, backward_ = [], []
-        for _ in range(args.steps):
-            module.zero_grad(set_to_none=True)
-            x.grad = None
+    for mode in args.modes.split(","):
+        for provider, module in models.items():
+            optimizer = sgd(module, mode)
+            step = _step(module, x, dout, optimizer)
+            for _ in range(10):
+                step()
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = module(x)
-            t1 = time.perf_counter()
-            out.backward(dout)
-            forward.append(t1 - t0)
-            backward_.append(time.perf_counter() - t1)
-        torch.cuda.synchronize()
-        print(f"  synchronized: forward {1e6 * statistics.median(forward):.1f}, backward {1e6 * statistics.median(backward_):.1f}")
-        for label, times in sorted(calls.items()):
-            print(f"    {label:40s} {1e6 * statistics.median(times):8.1f} per call, {len(times) / args.steps:g} calls per step")
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            host = time.perf_counter() - start
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+            print(f"\n{provider}, {mode}: back to back {1e6 * host / args.steps:.1f} host, "
+                  f"{1e6 * wall / args.steps:.1f} wall per step")  # fmt: skip
+            calls.clear()
+            forward, backward_, update = [], [], []
+            for _ in range(args.steps):
+                module.zero_grad(set_to_none=True)
+                x.grad = None
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                out = module(x)
+                t1 = time.perf_counter()
+                out.backward(dout)
+                t2 = time.perf_counter()
+                if optimizer is not None:
+                    optimizer.step()
+                    update.append(time.perf_counter() - t2)
+                forward.append(t1 - t0)
+                backward_.append(t2 - t1)
+            torch.cuda.synchronize()
+            print(f"  synchronized: forward {_median_us(forward)}, backward {_median_us(backward_)}"
+                  + (f", optimizer step {_median_us(update)}" if update else ""))  # fmt: skip
+            for label, times in sorted(calls.items()):
+                print(f"    {label:40s} {_median_us(times):>8s} per call, {len(times) / args.steps:g} calls per step")
 
 
 if __name__ == "__main__":

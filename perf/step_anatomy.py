@@ -1,10 +1,12 @@
 """Kernel-by-kernel anatomy of one training step (zero grads, forward, backward): where its GPU time goes.
 
-    python perf/step_anatomy.py [--size M K N] [--config fp32|tf32|bf16|fp16] [--providers gemmbn,eager] [--iters 5]
+    python perf/step_anatomy.py [--size M K N] [--config fp32|tf32|bf16|fp16] [--providers gemmbn,eager]
+                                [--mode fwd_bwd|step] [--iters 5]
 
-torch.profiler records `iters` steps of each provider (perf/train_step.py's step, after warm-up, back to back) and
-prints each kernel's total device time per step (summed over its launches in a step) and its launches per step,
-largest first, with the step's kernel total: the budget a faster step must cut from, read off kernel by kernel.
+torch.profiler records `iters` steps of each provider (perf/train_step.py's step in `mode`: `step` adds the SGD
+update; after warm-up, back to back) and prints each kernel's total device time per step (summed over its launches in
+a step) and its launches per step, largest first, with the step's kernel total: the budget a faster step must cut
+from, read off kernel by kernel.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from train_step import CONFIGS, _problem, _step
+from train_step import CONFIGS, MODES, _problem, _step, sgd
 
 
 def _kernels_per_step(fn, iters: int) -> dict[str, tuple[float, float]]:
@@ -39,13 +41,15 @@ def main() -> None:
     parser.add_argument("--size", nargs=3, type=int, default=[65536, 1024, 1024], metavar=("M", "K", "N"))
     parser.add_argument("--config", default="fp32", choices=list(CONFIGS))
     parser.add_argument("--providers", default="gemmbn,eager")
+    parser.add_argument("--mode", default="fwd_bwd", choices=MODES)
     parser.add_argument("--iters", type=int, default=5)
     args = parser.parse_args()
     M, K, N = args.size
     models, x, dout = _problem(M, K, N, args.config, args.providers.split(","))
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {M}x{K}->{N} {args.config}, training step")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {M}x{K}->{N} {args.config}, training step "
+          f"({args.mode})")
     for provider, module in models.items():
-        kernels = _kernels_per_step(_step(module, x, dout, None), args.iters)
+        kernels = _kernels_per_step(_step(module, x, dout, sgd(module, args.mode)), args.iters)
         total = sum(ms for ms, _ in kernels.values())
         print(f"\n{provider}: kernels {total:.3f} ms per step")
         for name, (ms, launches) in sorted(kernels.items(), key=lambda item: -item[1][0]):

@@ -99,6 +99,11 @@ def _problem(M: int, K: int, N: int, config: str, providers: list[str]) -> tuple
     return models, x, torch.randn(M, N, device="cuda", dtype=dtype)
 
 
+def sgd(module, mode: str):
+    """A step's optimizer in `mode`: SGD with momentum for "step", None for "fwd_bwd" (forward and backward only)."""
+    return torch.optim.SGD(module.parameters(), lr=1e-4, momentum=0.9) if mode == "step" else None
+
+
 def _step(module, x: torch.Tensor, dout: torch.Tensor, optimizer):
     """One training step (optimizer None: forward and backward only); x requires its gradient."""
     def run():
@@ -128,8 +133,7 @@ def measure(M, K, N, config, modes, providers, iters, flush, sync) -> list[dict]
     for mode in modes:
         steps = {}
         for provider, module in models.items():
-            optimizer = torch.optim.SGD(module.parameters(), lr=1e-4, momentum=0.9) if mode == "step" else None
-            steps[provider] = _step(module, x, dout, optimizer)
+            steps[provider] = _step(module, x, dout, sgd(module, mode))
         peaks = {provider: _peak_mib(fn) for provider, fn in steps.items()}  # also the first (compiling) call
         times = timing.interleaved_ms(list(steps.values()), torch.device("cuda"), iters=iters, warmup=2,
                                       flush=timing.flush_buffer(torch.device("cuda")) if flush else None,
