@@ -1,6 +1,7 @@
 """The Python host path of gemmbn's forward and backward, timed on the CPU with gemmbn's operators replaced by no-ops.
 
-    python perf/host_path.py [--size M K N] [--dtype float32|bfloat16] [--calls 20000] [--profile]
+    python perf/host_path.py [--size M K N] [--dtype float32|bfloat16] [--precision high|highest] [--calls 20000]
+                             [--profile]
 
 No GPU is needed: the tensors are CPU tensors, the device checks are patched to accept them and every
 operator call returns at once, so what is timed is the Python the forward runs before (and after) its one
@@ -14,7 +15,11 @@ allocator, the current-stream query and the launches). Each timed forward must r
 train_forward/eval_forward_folded exactly once, or the script stops: a fallback to the reference would time the wrong
 path. The backward rows (a training step's forward and backward through autograd, and the backward alone) stub
 the kernel call and the two gradient GEMMs (backward._matmul returns an empty result: the GEMMs' own dispatch
-costs as much as eager's), and each must reach the stubbed batch_norm_backward once.
+costs as much as eager's), and each must reach the stubbed batch_norm_backward once. A training step with its SGD
+update (momentum 0.9, as perf/train_step.py's `step`) is timed beside the one without; on CPU tensors SGD runs its ops
+tensor by tensor (use a small --size), so compare the update's cost between routes, not with a device's step.
+`--precision highest` (float32) takes the fp32-faithful route: the weight split (weight_cache: made again after every
+update of W), split_columns and split_matmul stubbed as well.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import types
 from collections.abc import Callable
 
 import torch
-from gemmbn import GemmScaleBatchNorm, backward, eval_fold_cache, functional, fused, ops
+from gemmbn import GemmScaleBatchNorm, backward, eval_fold_cache, functional, fused, ops, precision, weight_cache
 from host_overhead import print_profile
 
 
@@ -35,8 +40,10 @@ class StubOperators(types.SimpleNamespace):
     the right shapes, allocated once (in the real operators C++ allocates them: not timed here)."""
 
     def __init__(self, M: int, N: int, dtype: torch.dtype) -> None:
-        super().__init__(calls={"train_forward": 0, "eval_forward_folded": 0, "batch_norm_backward": 0})
+        super().__init__(calls={"train_forward": 0, "eval_forward_folded": 0, "batch_norm_backward": 0,
+                                "split_weight": 0})
         self.mn, self.n = torch.empty(M, N, dtype=dtype), torch.empty(N, dtype=dtype)
+        self.weight_split = torch.empty(N, 1, dtype=torch.float16), torch.empty(N)
         self.stats, self.affine = torch.empty(N), torch.empty(2, N)
         # batch_norm_backward's dz^T and dz's row and column maxima (float32 "highest" asks for them)
         self.transposed = torch.empty(N, -(-M // 4) * 4), torch.empty(M, dtype=torch.int32), torch.empty(N, dtype=torch.int32)
@@ -56,11 +63,21 @@ class StubOperators(types.SimpleNamespace):
         self.calls["batch_norm_backward"] += 1
         return self.mn, self.n, self.n, self.n, self.n, *self.transposed
 
+    def split_weight(self, weight) -> tuple[torch.Tensor, torch.Tensor]:  # counted: one per version of W
+        self.calls["split_weight"] += 1
+        return self.weight_split
+
+    def split_columns(self, t) -> tuple[torch.Tensor, None]:  # t itself stands for its split: split_matmul's N
+        return t, None
+
+    def split_matmul(self, a, b_split, b_unscale, a_row_max) -> torch.Tensor:  # the GEMM: its output, eager's cost
+        return a.new_empty((a.shape[0], b_split.shape[1]))
+
 
 def install_stub(M: int, N: int, dtype: torch.dtype) -> StubOperators:
     """Route the fused path to a StubOperators with CPU tensors (this process only)."""
     stub = StubOperators(M, N, dtype)
-    fused.operator = eval_fold_cache.operator = lambda name: getattr(stub, name)
+    fused.operator = eval_fold_cache.operator = weight_cache.operator = lambda name: getattr(stub, name)
     # The fold cache asks whether the current CUDA stream is capturing a graph; a CPU build of torch cannot answer.
     torch.cuda.is_current_stream_capturing = lambda: False
     ops.fused_unavailable_reason = backward.fused_unavailable_reason = lambda x: None
@@ -86,12 +103,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", nargs=3, type=int, default=(128, 1024, 512), metavar=("M", "K", "N"))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--precision", default="high", choices=["high", "highest"],
+                        help="float32's GEMM: TF32 (high) or the fp32-faithful split GEMM (highest)")
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--profile", action="store_true", help="add cProfile's tables of the training and eval forwards")
     args = parser.parse_args()
     M, K, N = args.size
     dtype = getattr(torch, args.dtype)
-    torch.set_float32_matmul_precision("high")  # TF32 for float32: the split GEMM's weight cache needs CUDA
+    if args.precision == "highest" and dtype != torch.float32:
+        parser.error("--precision highest is float32's (16-bit data ignores the float32 precision)")
+    torch.set_float32_matmul_precision(args.precision)
+    gemm_kind = precision.resolve(dtype, args.precision)
     stub = install_stub(M, N, dtype)
     torch.manual_seed(0)
     module = GemmScaleBatchNorm(K, N, (N,), dtype=dtype)
@@ -108,7 +130,7 @@ def main() -> None:
         "ops._train_impl": ("train_forward", lambda: ops._train_impl(
             x, weight, bias, scale, gamma, beta, rm, rv, nbt, 0.1, 1e-5, "default", False)),
         "fused.train_forward": ("train_forward", lambda: fused.train_forward(
-            x, weight, bias, scale, gamma, beta, rm, rv, nbt, 0.1, 1e-5, "tf32", False)),
+            x, weight, bias, scale, gamma, beta, rm, rv, nbt, 0.1, 1e-5, gemm_kind, False)),
         "  functional._validate": (None, lambda: functional._validate(
             x, weight, bias, scale, gamma, beta, rm, rv, nbt, True, 1e-5)),
     }
@@ -121,16 +143,28 @@ def main() -> None:
         x_grad.grad = None
         module(x_grad).backward(dout)
 
+    stepping = copy.deepcopy(module)  # its own parameters: the update moves them (and W's version) every step
+    optimizer = torch.optim.SGD(stepping.parameters(), lr=1e-4, momentum=0.9, foreach=True)  # as on CUDA
+
+    def training_step_with_update():
+        stepping.zero_grad(set_to_none=True)
+        x_grad.grad = None
+        stepping(x_grad).backward(dout)
+        optimizer.step()
+
+    split_per_update = 1 if gemm_kind == precision.SPLIT_FP32 else 0  # the split W, made again after each update
     grad_rows = {
         # As a training loop calls it: parameters that require grad, so the forward records its autograd node.
         "module forward, train, grad": ({"train_forward": 1}, lambda: module(x)),
         "module forward, eval, grad": ({"eval_forward_folded": 1}, lambda: evaluating(x)),
         "forward + backward, train": ({"train_forward": 1, "batch_norm_backward": 1}, training_step),
+        "  + SGD update": ({"train_forward": 1, "batch_norm_backward": 1, "split_weight": split_per_update},
+                           training_step_with_update),
         "backward alone, train": ({"batch_norm_backward": 1}, lambda: backward.linear_scale_bn_backward(
-            dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, True, [True] * 6, "high")),
+            dout, x, weight, bias, scale, gamma, beta, y, mean, invstd, True, [True] * 6, args.precision)),
     }
-    print(f"{M}x{K}->{N} {args.dtype}, gemmbn's operators stubbed, CPU tensors, torch {torch.__version__}, "
-          f"median of 5 rounds of {args.calls // 5} calls")
+    print(f"{M}x{K}->{N} {args.dtype} ({gemm_kind}), gemmbn's operators stubbed, CPU tensors, torch "
+          f"{torch.__version__}, median of 5 rounds of {args.calls // 5} calls")
     with torch.no_grad():
         for label, (entry, fn) in rows.items():
             _time_row(label, fn, stub, {entry: 1} if entry else None, args.calls)
@@ -146,7 +180,9 @@ def main() -> None:
 
 def _time_row(label: str, fn: Callable[[], object], stub: StubOperators, entries: dict | None, calls: int) -> None:
     """Print fn's host time per call; with ``entries`` (stub name -> calls per call), stop unless every call
-    reached exactly those stubbed entry points (a fallback to the reference would time the wrong path)."""
+    reached exactly those stubbed entry points (a fallback to the reference would time the wrong path). One call
+    first, uncounted: what a row keeps cached (the eval fold, the split weight) is made before the count starts."""
+    fn()
     before = dict(stub.calls)
     us, made = per_call_us(fn, calls)
     if entries is not None:
