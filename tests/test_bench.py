@@ -279,6 +279,25 @@ def test_host_overhead_measures_the_gap_before_the_first_event():
     assert 2000 <= gap < 50000, gap
 
 
+@pytest.mark.parametrize("precision", ["high", "highest"])
+def test_host_path_reaches_the_stubbed_operators_on_both_float32_routes(precision):
+    """perf/host_path.py on the CPU (gemmbn's operators stubbed) runs every row on the TF32 and the fp32-faithful
+    route. The script stops unless each timed call reached the stubs exactly as its row expects (one weight split per
+    SGD update on the split route, none elsewhere once cached): a row that fell back to the reference, or a cache that
+    missed where it should hit, fails here (v23: its eval row had failed unnoticed)."""
+    result = _run("host_path.py", "--calls", "200", "--size", "16", "8", "8", "--precision", precision)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {}
+    for line in result.stdout.splitlines():
+        if line.endswith(" us/call"):
+            label, us = line.removesuffix(" us/call").rsplit(None, 1)
+            rows[label.strip()] = float(us)
+    expected = {"module forward, train", "module forward, eval", "fused.train_forward", "forward + backward, train",
+                "+ SGD update", "backward alone, train"}  # fmt: skip
+    assert expected <= set(rows), result.stdout
+    assert all(us > 0 for us in rows.values()), rows
+
+
 def test_cuda_facts_report_the_device_or_name_the_cuda_error():
     """perf/cuda_facts.py (cuda-python, the perf extra that make installs): on a GPU its facts agree with torch's
     (SM count, L2 size) and the DRAM peak follows from clock and bus; without one every query raises the CUDA
