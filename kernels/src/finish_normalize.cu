@@ -11,12 +11,11 @@
 //      statically or, at large launches, claiming them one pass of rows at a time (normalize_rows).
 // The training forward may run phases 1 and 2 as the dataflow walk instead (finish_dataflow_kernel): no barrier, each
 // column's statistics and each stripe's rows taken as soon as the GEMM running beside it has stored them.
-// The earlier design merged a block's columns in every block (the 33-66 blocks sharing a column stripe
-// each re-read its 128 tile partials) and left DRAM idle during that prologue: 0.224 ms for a pass
-// whose floor is 0.122 ms at 16384x4096 fp32. Tried and dropped (perf/NOTES.md v6-v7, v23, v27): streaming the
-// array flat (grid-stride, all columns' alpha/delta in smem: same in fp32, 62% in bf16); a bottom-up sweep of phase 2
-// to reread the GEMM's last rows from L2 (no L2 gain); an L2 or register prefetch of each block's first rows before
-// phase 1; a programmatic dependent launch. Where the time goes against a device copy: perf/finish_patterns.cu.
+// Phase 1 merges each column once because merging a block's columns in every block (the blocks sharing a column
+// stripe each re-reading its tile partials) left DRAM idle during that prologue. Tried and dropped (perf/NOTES.md
+// v6-v7, v23, v27): streaming the array flat, a bottom-up sweep of phase 2 to reread the GEMM's last rows from L2, an
+// L2 or register prefetch of each block's first rows before phase 1, a programmatic dependent launch. Where the time
+// goes against a device copy: perf/finish_patterns.cu.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -214,7 +213,7 @@ __device__ void partials_of_y(FinishParams<T> const& p) {
 // of fp64's 1e-16, and since M2 >= n_0 (c - mean_y)^2 (tile 0's share of the spread) that factor is at
 // most 1 + M / n_0, the number of tiles: 1e-12 at a million tiles, far below the fp32 partials' own
 // rounding. (The previous form, deviations from the final mean, read the partials twice: two
-// dependent DRAM rounds, ~2 us more at 16384x4096.)
+// dependent DRAM rounds.)
 // Running stats: r <- (1-f) r + f stat, f = momentum or 1/batches_tracked; var unbiased.
 // A block takes merge_columns columns; its kThreads / merge_columns threads per column each sum a strided
 // set of tiles with kMergeBatch tiles' loads in flight, then one thread per column adds the lanes' sums in
@@ -338,7 +337,7 @@ __device__ void merge_one_group(FinishParams<T> const& p, int group, double* lan
 // Phase 2, per work item (column stripe, row chunk): out[m, n] = y[m, n] alpha[n] + delta[n] (phase 1's factors).
 // The item's first pass of y is loaded before its columns' factors, so the two latencies overlap.
 // kLastRowsFirst (the y-pass variant): each chunk's rows last first (the walk below takes the items last first), so
-// that the first reads find the rows phase 0 read last still in L2 (0.3-4% off the y-pass forward: perf/NOTES.md v18).
+// that the first reads find the rows phase 0 read last still in L2 (perf/NOTES.md v18).
 // kProduct: y = (v + b) s first (product_to_y), written to pre_norm where kept.
 template <class T, bool kLastRowsFirst, bool kProduct>
 __device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int item, ColumnFactors const& factors) {
@@ -391,9 +390,8 @@ __device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int ite
 
 // Phase 2 over every item. Statically, block b takes items b, b + blocks, ... (kLastRowsFirst: the same items, last
 // first); with claim_counter, each block claims its next item while the current one streams, so a block on an SM with
-// less of the memory bandwidth takes fewer items (the static walk ends on its slowest block; phase 2 alone at
-// 16384x4096: 92% of a device copy static, 97-99% claimed, perf/NOTES.md v31). Claims go last item first: the rows
-// the GEMM wrote last are the likeliest still in L2 (0.1-0.2% off the forward at 128 MiB of y, perf/NOTES.md v32).
+// less of the memory bandwidth takes fewer items (the static walk ends on its slowest block: perf/NOTES.md v31).
+// Claims go last item first: the rows the GEMM wrote last are the likeliest still in L2 (perf/NOTES.md v32).
 template <class T, bool kLastRowsFirst = false, bool kProduct = false>
 __device__ void normalize_rows(FinishParams<T> const& p) {
   if (p.claim_counter == nullptr) {
@@ -673,8 +671,7 @@ bool finish_claims_items(int64_t M, int N, int element_bytes, int blocks) {
   if (const char forced = forced_choice("GEMMBN_FINISH_CLAIMS")) return forced == '1';
   return M * N * element_bytes >= kClaimBytesPerBlock * blocks;
 }
-// A claimed launch's blocks: two per SM at most (fewer streams in flight, the same bytes each: 1-3% faster alone than
-// three or four per SM at 16-256 MiB of y, 0.1-0.3% in the forward; perf/NOTES.md v32).
+// A claimed launch's blocks: two per SM at most (fewer streams in flight for the same bytes: perf/NOTES.md v32).
 constexpr int kClaimBlocksPerSm = 2;
 Status claiming_blocks(int max_blocks, int& blocks) {
   int device = 0, sm_count = 0;
@@ -687,8 +684,7 @@ Status claiming_blocks(int max_blocks, int& blocks) {
 
 // Whether a launch with the GEMM epilogue's partials takes the local walk (finish_local_kernel) instead of the barrier
 // walk: at most kLocalMergeTiles partials per column, where phase 1 and the grid barrier are a fixed cost that the
-// local walk's repeated merges undercut (H100, training forward: 2-15% faster at 256-2048 rows back to back and
-// 2-10% synchronized, level at 1024x4096->4096 TF32; level to 4.7% slower at 32 partials; perf/NOTES.md v45).
+// local walk's repeated merges undercut (perf/NOTES.md v45).
 // GEMMBN_FINISH_LOCAL_MERGE=0|1, read at each launch, forces either (tests run both; A/B runs).
 constexpr int64_t kLocalMergeTiles = 16;
 bool finish_merges_locally(int64_t tiles) {
@@ -821,10 +817,8 @@ size_t finish_tile_flow_bytes(const FinishNormalizeArgs& a) {
 }
 
 // Whether the training forward's finish runs the dataflow walk: GEMMBN_FINISH_DATAFLOW=0|1 where set (tests, A/B runs),
-// else where y holds at least kDataflowBytesPerSm per SM (32 MiB on an H200): the training forward 0.6-3% faster at all
-// 10 (shape, precision) pairs measured there; below it the walk's chain of claims and waits per block and the counters'
-// memset cost more than the GEMM's last wave leaves to overlap (16 MiB: +0.2-0.9%; 1024x4096->4096 bf16, 8 MiB: +12%;
-// perf/NOTES.md v33).
+// else where y holds at least kDataflowBytesPerSm per SM (32 MiB on an H200); below it the walk's chain of claims and
+// waits per block and the counters' memset cost more than the GEMM's last wave leaves to overlap (perf/NOTES.md v33).
 // Never past the walk's limits (fits_dataflow), so a forced walk is refused by no check.
 constexpr int64_t kDataflowBytesPerSm = int64_t(240) << 10;
 bool finish_runs_dataflow(DType dtype, int64_t M, int N) {

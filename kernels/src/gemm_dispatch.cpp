@@ -128,14 +128,14 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns);
 // - launches without partials past a wave from K = 2048 and M > 512: cuBLAS's cooperative 256x128 tile without the
-//   node (TF32 row 9, 16-bit row 8); back to back on an H100 6-15% faster than row 0's tile in 16-bit, in TF32 1-14%
-//   faster at six shapes and 1-3% slower at 16384x4096->4096 (perf/NOTES.md v43, v44);
+//   node (TF32 row 9, 16-bit row 8), which loads one operand tile per 128x128 of output against row 0's 1.5
+//   (perf/NOTES.md v43, v44);
 // - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
 //   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
 // The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row (x split in registers); elsewhere
 // from N = 768 x split before the GEMM, on a 2x1 cluster where it pads nothing; below, x split in registers (row 0):
-// the pass over x costs per row what the faster mainloop saves per column tile, 2-6% more up to N = 640, level to 7%
-// less at N = 768 and 2-17% less from N = 896 (perf/NOTES.md v39, v41).
+// the pass over x costs per row what the faster mainloop saves per column tile, so it pays from N = 768 on
+// (perf/NOTES.md v39, v41).
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
@@ -205,9 +205,7 @@ bool train_statistics_from_y(GemmOperands operands, int M, int N, int K) {
   const int epilogue_row = select_config(operands, M, N, K, true), y_pass_row = select_config(operands, M, N, K, false);
   const TileConfig& epilogue = config_at(operands, epilogue_row);
   // Where the launch without partials takes the 256x128 row and the one with them row 0, up to 2048 tiles: that row's
-  // speed outweighs the pass over y there (training forwards on an H100 5-12% faster in 16-bit, TF32 1-10% from
-  // K = 4096 and 5-6% at K = 2048 since its row has 4 stages), and past it no longer (16384x4096->4096: +-4% by run;
-  // TF32 16384x2048->8192 4-7% slower) (perf/NOTES.md v43, v44, v46).
+  // speed outweighs the pass over y there, and past it no longer (perf/NOTES.md v43, v44, v46).
   if (epilogue_row == kWide && y_pass_row == wide_tile_row(operands) && tiles <= kYPassMaxTiles) {
     return true;
   }

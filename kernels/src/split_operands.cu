@@ -38,8 +38,8 @@ __device__ float block_max(float v, float* scratch) {
 
 // 2^e t[0, K) -> (hi, lo) pairs in the mainloop's order into out (split_columns(K) fp16), a k-slice (16 columns: hi
 // words 8 s' .. 8 s' + 7 of its k-tile, lo 16 words on) per thread: it trades half its words with its lane partner, the
-// tile's other slice, so that each store instruction writes whole 32-byte sectors (227 -> 186 us at the KernelBench
-// shape on an H100 against a float4 per thread and 4-byte stores: perf/NOTES.md v41).
+// tile's other slice, so that each store instruction writes whole 32-byte sectors (faster than a float4 per thread
+// with 4-byte stores: perf/NOTES.md v41).
 __device__ void split_by_slices(const float* row, int K, float scale, uint4* out) {
   static_assert(split::kSlices == 2 && split::kSliceK == 16, "a lane pair holds one k-tile, a float4 quad per slice");
   const int vectors = K / 4;
@@ -209,8 +209,8 @@ __device__ __forceinline__ void load_column_scales(SplitColumnsArgs const& a, in
 
 // Pass 2: a 32-row (one k-tile of the split) x 128-column tile of t through shared memory, written as the k-tile of
 // 128 rows of split_weight's output (word_k0's order). Four float4 loads per thread, all issued before the tile's
-// shared-memory stores; a job per (output row, quad q) writes words 4q..4q+3 (hi, then lo) as two 16-byte stores.
-// 64-column tiles with 4-byte loads and stores moved ~2.4 TB/s: 0.217 ms for x and W against 0.138 (NOTES v17).
+// shared-memory stores; a job per (output row, quad q) writes words 4q..4q+3 (hi, then lo) as two 16-byte stores,
+// which 64-column tiles with 4-byte loads and stores were too slow for (perf/NOTES.md v17).
 constexpr int kSplitTileColumns = 128;
 constexpr int kSplitTileStride = kSplitTileColumns + 4;  // float4 rows stay 16-byte aligned
 __global__ void __launch_bounds__(kThreads) split_columns_kernel(SplitColumnsArgs a) {

@@ -11,8 +11,8 @@ namespace {
 // The GEMM's tile order where the call names none: GEMMBN_TRAIN_TILE_ORDER=M|N[swizzle] (along M or along N, with the
 // row's swizzle or the one given), read per call. EXPERIMENT, for A/B runs only: along M the GEMM
 // finishes its column tiles band by band (a band: swizzle x cluster_n column tiles), so the dataflow walk with items
-// first can normalize the first bands beside the last partial wave; but along M costs the GEMM 1-7% at 16 MiB of y and
-// ~40% at the large shapes, more than any overlap returns (perf/NOTES.md v36).
+// first can normalize the first bands beside the last partial wave; but along M slows the GEMM by more than any
+// overlap returns (perf/NOTES.md v36).
 Status take_tile_order(GemmScaleStatsArgs& gemm) {
   const char* order = std::getenv("GEMMBN_TRAIN_TILE_ORDER");
   if (order == nullptr || *order == '\0' || gemm.raster >= 0 || gemm.swizzle >= 0) return Status::success();

@@ -82,7 +82,7 @@ def _torch_gemm_precision(route: str):
 
 # The TF32 route runs a gradient GEMM on gemmbn's TF32 GEMM (after tiled transposes of its operands) where the
 # output has at least this many elements: without split-K it needs an output that fills the GPU many times
-# over, and there it beat cuBLAS by 0.2-0.7 ms per GEMM; below, cuBLAS's split-K kernels won (perf/NOTES.md v13).
+# over, and there it beat cuBLAS; below, cuBLAS's split-K kernels won (perf/NOTES.md v13).
 OWN_TF32_MIN_OUTPUT = 1 << 24
 
 

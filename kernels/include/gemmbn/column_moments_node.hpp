@@ -75,7 +75,7 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
                       (kLanesM & (kLanesM - 1)) == 0, "equal power-of-two counts in full tiles");
     static_assert((kSlots & (kSlots - 1)) == 0, "the butterfly halves the column slots");
     // The lane merge: the butterfly where a tile has one subtile row; the tree where it has several
-    // (ping-pong 128-row tiles), where the butterfly measured 1-25% slower (perf/NOTES.md v9, same-call A/B).
+    // (ping-pong 128-row tiles), where the butterfly measured slower (perf/NOTES.md v9, same-call A/B).
     static constexpr bool kLaneButterfly = kEpiM == 1;
     // Slots left per lane after the butterfly's splitting steps.
     static constexpr int kFinalSlots = kSlots > kLanesM ? kSlots / kLanesM : 1;

@@ -53,14 +53,14 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   N <= 1024 and K > 4096 (x read once per 256 columns instead of 128: perf/NOTES.md v22);
 // - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
 //   64x128 row in 16-bit; 49-64 tiles (TF32 up to K = 4096) the 64x128 tiles on a 2x1 cluster (TF32 row 8, 16-bit
-//   row 7: W's L2 reads halved, 2-15% faster there; perf/NOTES.md v30);
+//   row 7: W's L2 reads halved; perf/NOTES.md v30);
 // - under a wave of tiles with K >= 512, one data-parallel wave of cooperative tiles (both math warpgroups on a CTA's
 //   one tile; ping-pong leaves one idle there) on a 2x1 cluster where it pads nothing: 128x96 ones where they fill
 //   more than half a wave (more SMs busy, each with 3/4 of a 128x128 tile's work), else 128x128 past 64 tiles; TF32's
 //   stream-K row where the cluster would pad (rows 4-6: perf/NOTES.md v20, v21; the 128x256 stream-K rows and 16-bit's
 //   128x128 one never won); from K = 4096 the same tile with x multicast instead of W (TF32 row 10, 16-bit row 9)
 //   where W's tiles have at least half as many readers as x's: every M tile reads W's tiles in step, so L2's request
-//   coalescer merges their unicast loads, and the multicast halves x's (4096x8192->512: 1.19x -> 1.04x cuBLAS; v47);
+//   coalescer merges their unicast loads, and the multicast halves x's (perf/NOTES.md v47, v48);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators);
 // - launches without partials (eval, the training forward with its statistics from y) take row 0 without the moments
 //   node at short K (and TF32 wherever row 0 runs): the node's per-value work is what the ping-pong epilogue cannot
@@ -79,7 +79,7 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 7: row 0 without the statistics node (launches without partials)
     {64, 128, 32, 2, 1, 32, 1, 0, 8},            // 8: row 2, W multicast to 2 CTAs (half its L2 reads of W)
     // 9: cooperative 256x128 without the node, x multicast (16-bit row 8's); its 128x16 epilogue subtiles leave the
-    // mainloop 4 stages, not 3 (fp32 y: 16 KB less shared memory): 2.7-8.9% faster at five long-K shapes (v45)
+    // mainloop 4 stages, not 3 (fp32 y: 16 KB less shared memory), which long K needs (perf/NOTES.md v45)
     {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 0},
     {128, 128, 32, 1, 2, 32, 0, 1, 8},  // 10: row 4 with x multicast, along M (one wave, W's tiles read in step: v47)
 #if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45, v48): picked by no rule
@@ -116,8 +116,8 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
 // written for it); promotion every 4 k-tiles, raster along M with swizzle 4 (perf/NOTES.md, "The
 // configuration tables' evidence"). Row 1 spreads fewer tiles than SMs over every SM along K: the
 // backward's dW = dz^T x has N x K outputs and M-long reductions (perf/NOTES.md, v16). Rows 2-3 take x split
-// before the GEMM (split_rows): its consumers only issue wgmmas, level to 17% faster than row 0 from N = 768 with the
-// pass (perf/NOTES.md v39, v41).
+// before the GEMM (split_rows): its consumers only issue wgmmas, which outruns row 0 with the pass from N = 768
+// (perf/NOTES.md v39, v41).
 inline constexpr TileConfig kSplitConfigs[] = {
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4},           // 0: x split in registers, promotion every 128 columns
     {128, 128, 32, 1, 1, 32, 0, 1, 4, 4, 1},        // 1: row 0, stream-K
@@ -161,10 +161,9 @@ inline constexpr bool cluster_pads(TileConfig const& c, int M, int N) {
 // Whether s is a swizzle the persistent tile scheduler takes (a call's override, a row's).
 inline constexpr bool is_swizzle(long s) { return s == 1 || s == 2 || s == 4 || s == 8; }
 // The swizzle a launch passes (the call's own swizzle overrides it): the largest power of two up to the row's whose
-// tile order pads no tile beyond the cluster's. 256x8192->8192 has 2 M tiles, padded to 4 by the c2x1 rows' swizzle 2
-// (bf16 0.130 vs 0.059 ms at swizzle 1), and 16384x8192->512 bf16's 4 N tiles to 8 by the c1x2 row's swizzle 4
-// (0.492 vs 0.197); where nothing pads, the swizzle moved times by under 1%. These were the "cliffs" of the clustered
-// rows at short M and small N (perf/NOTES.md v19).
+// tile order pads no tile beyond the cluster's: 256x8192->8192 has 2 M tiles, which the c2x1 rows' swizzle 2 pads to
+// 4, each padded tile a CTA's turn for nothing. These were the "cliffs" of the clustered rows at short M and small N;
+// where nothing pads, the swizzle hardly matters (perf/NOTES.md v19).
 inline constexpr int unpadded_swizzle(TileConfig const& c, int M, int N) {
   int swizzle = c.swizzle;
   while (swizzle > 1 && grid_tiles(c, M, N, swizzle) > grid_tiles(c, M, N, 1)) swizzle /= 2;
@@ -173,8 +172,7 @@ inline constexpr int unpadded_swizzle(TileConfig const& c, int M, int N) {
 
 // A stream-K row's split of each tile's K range when the call leaves it to the rule (splits = -1): the most splits
 // (3 or 2) that keep the 128x128 tiles' work units within one 132-SM wave where the tiles fill between a quarter and
-// half of it, else 1, CUTLASS's stream-K heuristic. Split-K 2 at 64 tiles: 0.683 vs 0.738 ms at 1024x65536->1024
-// (v16); split-K 3 at 36-44 tiles: 6-20% over split-K 2 in TF32, 17-18% in the split GEMM (perf/NOTES.md, v29).
+// half of it, else 1, CUTLASS's stream-K heuristic (perf/NOTES.md v16, v29).
 inline constexpr int select_splits(int M, int N) {
   constexpr int64_t kWave = 132;
   const int64_t tiles = ((int64_t(M) + 127) / 128) * ((int64_t(N) + 127) / 128);

@@ -5,8 +5,7 @@
 //
 // The same arithmetic as a tree of one CUTLASS row broadcast per vector, in one node: a thread issues every
 // vector's global load before its first shared-memory store, so a tile's epilogue waits for one load latency
-// instead of one per vector: at K = 512 the tree's second to fourth vectors added 2-5% each, the node's 0-1%; the
-// first still costs 3-8% (perf/NOTES.md v26).
+// instead of one per vector, which short K exposes (perf/NOTES.md v26).
 // Per epilogue subtile column a thread keeps each vector's values in registers, loaded when the subtile column
 // starts (CUTLASS walks epi_m innermost), as the row broadcast does.
 #pragma once

@@ -15,8 +15,7 @@
 //   rounding to fp32, which keeps their accumulation (coarser than FFMA's) out of the error.
 // - Scales per row, not per (row, k-tile): a k-tile scale would need a promotion (wgmma drain + an
 //   FFMA per accumulator) every k-tile and a max over the row's quad (two shuffles) on the consumer's
-//   critical path. Measured (H200, 16384x4096->4096): 3.2 ms that way, the consumer warps stalled on
-//   those chains with the tensor pipe 55% busy; 2.63 ms now (perf/NOTES.md, v5).
+//   critical path, where the consumer warps stalled with the tensor pipe half idle (perf/NOTES.md, v5).
 // - x is loaded by TMA as two 128x16 fp32 halves per stage (64-byte rows, no swizzle): each thread reads
 //   one 16-byte vector per row and slice, a quarter warp two consecutive rows, with no bank conflict.
 //   split_weight orders W's columns within each 16-column slice to match (split::slice_column). Each
@@ -273,8 +272,8 @@ struct SplitF16x3Mainloop {
         }
       }
     };
-    // k-tile i+2's loads are issued right after k-tile i+1 is split, so no split waits on them: 2.63
-    // vs 3.00 ms with each k-tile loaded where it is split (H200, 16384x4096->4096, 891f87e).
+    // k-tile i+2's loads are issued right after k-tile i+1 is split, so no split waits on them (faster than
+    // loading each k-tile where it is split: perf/NOTES.md v5).
     XTile ahead;
     PipelineState smem_pipe_ahead = smem_pipe_read;  // the k-tile `ahead` comes from next
 

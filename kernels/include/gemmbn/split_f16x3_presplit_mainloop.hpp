@@ -8,15 +8,15 @@
 // tensor cores from shared memory (SS wgmma), so the consumer warps only issue wgmmas and promote.
 //
 // NOTES:
-// - Why: the register split of split_f16x3_mainloop.hpp keeps the consumers latency-bound (tensor pipe ~75%
-//   busy, perf/NOTES.md v5); here they do what a 16-bit GEMM's do, for the price of one write and one read
+// - Why: the register split of split_f16x3_mainloop.hpp keeps the consumers latency-bound (perf/NOTES.md v5);
+//   here they do what a 16-bit GEMM's do, for the price of one write and one read
 //   more of x's bytes (split_rows writes the pairs, 4 bytes per value, as x's fp32). perf/NOTES.md v38.
 // - Each stage holds one 32-column k-tile of both operands as 64 split columns (32 hi, then 32 lo), so the
 //   six wgmmas of a k-tile read k-blocks (hi s, hi s), (lo s, hi s), (hi s, lo s) of x and W. Both operands
 //   order their columns alike (split::slice_column), so the products pair the same k.
 // - Promotion as in split_f16x3_mainloop.hpp: PromoteTiles k-tiles on the tensor cores, then into fp32 after the
-//   warpgroup's wgmmas drain. (Staggering the two warpgroups' drains, or promoting every 8 k-tiles, gained under 1%;
-//   every 8 also doubled the error on hard inputs: perf/NOTES.md v39.)
+//   warpgroup's wgmmas drain. (Staggering the two warpgroups' drains, or promoting every 8 k-tiles, gained too
+//   little; every 8 also doubled the error on hard inputs: perf/NOTES.md v39.)
 #pragma once
 
 #include <cute/arch/cluster_sm90.hpp>
