@@ -18,8 +18,8 @@ constexpr int kGroup = 4;  // a block walks kGroup x kGroup tiles: one atomic pe
 // out[c, r] = in[r, c] for r < rows, 0 for rows <= r < out_columns (the zero padding); with the maxima, the bits of
 // max_c |in[r, c]| and max_r |in[r, c]| (fmaxf: NaN dropped, as row_scales and split_weight drop it). A thread keeps
 // the maxima of the in column it loads and of the in row it stores in registers; the 8 warps' are merged through
-// shared memory once per column tile and once per group (atomics per tile, or shuffles per tile, cost 1.6x the
-// transpose's time: perf/NOTES.md, v16).
+// shared memory once per column tile and once per group (atomics per tile, or shuffles per tile, cost more than
+// the transpose itself: perf/NOTES.md, v16).
 __global__ void __launch_bounds__(kThreads) transpose_padded_kernel(TransposePaddedArgs a) {
   __shared__ float tile[kTile][kTile + 1];  // +1: the transposed reads fall in distinct banks
   __shared__ float warp_maxima[kGroup][kWarps][kTile];

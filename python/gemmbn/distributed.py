@@ -27,9 +27,10 @@ from .backward import _fused_grads, _reference_grads, grad_y_batch_statistics
 from .fallback import warn_once
 from .reference import _update_running_stats, linear_scale, statistics_dtype
 
-# The synchronized layer on the fused launches (_SynchronizedFusedLayer) wherever they run: a training step within 1.01x
-# the unsynchronized layer's on one NCCL rank, the PyTorch route's 2.1-3.4x (perf/NOTES.md v20). GEMMBN_SYNC_FUSED=0 in
-# every rank's environment takes the PyTorch route (read per call: A/B runs, or to rule the kernels out).
+# The synchronized layer on the fused launches (_SynchronizedFusedLayer) wherever they run: a training step about as
+# fast as the unsynchronized layer's on one NCCL rank, the PyTorch route's several times slower (perf/NOTES.md v20).
+# GEMMBN_SYNC_FUSED=0 in every rank's environment takes the PyTorch route (read per call: A/B runs, or to rule the
+# kernels out).
 SYNC_FUSED = "GEMMBN_SYNC_FUSED"
 
 

@@ -314,8 +314,8 @@ struct FoldEvalAffineArgs {
   double eps = 1e-5;
   float* gain = nullptr;
   float* shift = nullptr;
-  // Optional (null: b = 0, s = 1). Folding them leaves the epilogue two vectors to read instead of four: eval 1.04x ->
-  // 1.007x the plain GEMM at TF32 16384x512->8192, never slower (perf/NOTES.md v18).
+  // Optional (null: b = 0, s = 1). Folding them leaves the epilogue two vectors to read instead of four, which
+  // short K exposes (perf/NOTES.md v18).
   const void* bias = nullptr;
   const void* scale = nullptr;
 };
