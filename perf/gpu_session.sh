@@ -47,20 +47,8 @@
 #                     far off the others): the y pass against the epilogue where the rule's choice is least measured
 #                     (perf/NOTES.md v25), TF32 and bf16; other sizes by GEMMBN_SOURCE_SIZES="M K N;...", other
 #                     precisions by GEMMBN_SOURCE_CONFIGS (default tf32,bf16)
-#   flow-ab           the dataflow walk's switches side by side (perf/NOTES.md v35): barrier, walk (jobs first), items
-#                     first, items first with the tiles along M; perf/ab.sh over perf/bench.py, three rounds, then
-#                     perf/ab_summary.py's table (flow-ab.md, flow-ab.csv) and perf/anatomy.py with items first at
-#                     4096x8192->2048 bf16; other sizes by GEMMBN_FLOW_SIZES="M K N;..."
-#   flow-cost         what the walk costs the GEMM (perf/NOTES.md v34, v36): perf/anatomy.py's kernel times with the
-#                     barrier walk, the barrier walk beside a GEMM that counts its tiles (GEMMBN_FLOW_COUNT_ONLY=1), the
-#                     walk and the walk with items first, at 1024x4096->4096, 4096x8192->2048 and 16384x4096->4096 bf16
-#                     (flow-cost.txt); other cases by GEMMBN_FLOW_COST_CASES="M K N dtype;..."
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
-#   split-pass        x's split before the GEMM (perf/NOTES.md v40, v41): the split tests; with GEMMBN_AB_BASE=<folder
-#                     holding an earlier build's _operators.so> perf/anatomy.py's fp32 kernels and the KernelBench fp32
-#                     forward against it (perf/ab.sh, two rounds); then tune_gemm's split rows 0 and 2 between N = 512
-#                     and 1024 (the rule's threshold)
 #   wide-tiles        16-bit's cooperative 256x128 row against row 0 (perf/NOTES.md v43): every row's GPU test,
 #                     tune_gemm over rows 0, 6 and 8 without the statistics node at the long-K shapes where the H100
 #                     trailed (GEMMBN_TUNE_SIZES to change), then the bf16 forward there (perf/ab.sh, two rounds) by the
@@ -78,39 +66,21 @@
 #   wide-tiles-rest-tf32  the same for TF32 row 9 at N <= 1024 and K > 4096 (row 1, the cooperative 128x256
 #                     tile, there; at K <= 1024 row 9 lost to row 7 in v45's tune): rows 1, 7 and 9, the rule
 #                     against GEMMBN_PLAIN_ROW=9
-#   tf32-y-pass       TF32's y pass on the 4-stage row 9 where the rule keeps the node (K = 2048, past 2048 tiles:
-#                     perf/NOTES.md v45), the forward by the rule against GEMMBN_STATISTICS_SOURCE=y with cuBLAS's addmm
-#                     in every line, three rounds, back to back and synchronized; other sizes by GEMMBN_Y_PASS_SIZES
-#   tf32-stages       TF32's 4-stage rows (perf/NOTES.md v45; carry a GEMMBN_EXPERIMENT_ROWS=ON build): tune_gemm with
-#                     the node over row 4 and row 13 (its 128x16 subtiles: 6 stages, not 5) at four one-wave long-K
-#                     shapes; then as wide-tiles-tf32 over rows 0, 1, 7, 9 (4 stages since v45) and 12 (cooperative
-#                     128x256 c2x1 without the node, 4 stages) at six TF32 shapes, the forward by the rule against the y
-#                     pass on row 9 everywhere (GEMMBN_STATISTICS_SOURCE=y: the TF32 clause past its K = 4096 and 2048
-#                     tiles) and on row 12 (v45 numbered the experimental rows from 10, before TF32's row 10 of v47)
-#   finish-local      the finish's local walk (perf/NOTES.md v45; GEMMBN_FINISH_LOCAL_MERGE, read per launch): its GPU
-#                     tests, then the training forward with it against the barrier walk at small shapes (few partials
-#                     per column; GEMMBN_LOCAL_SIZES to change), TF32 and bf16, perf/ab.sh, three rounds, back to back
-#                     and synchronized (bench.py --sync)
 #   build-ab          two carried builds' training forwards (GEMMBN_AB_BUILDS="DIR_A DIR_B", folders each holding an
 #                     _operators.so, such as under the ignored perf/results/raw/), perf/ab.sh, three rounds, back to
-#                     back and synchronized, at GEMMBN_AB_SIZES (default: finish-local's) in GEMMBN_AB_CONFIGS
-#                     (default tf32,bf16)
-#   one-wave-order    the one-wave rows' tile order (row 4, W multicast, and TF32 row 10 / 16-bit row 9, x multicast:
-#                     65-131 tiles of 128x128, long K): tune_gemm with the node over rasters 0-2 x swizzles rule/1/2
-#                     (50 calls each), then the training forward by the rule
-#                     against GEMMBN_TRAIN_TILE_ORDER=M1 (along M, swizzle 1), cuBLAS's addmm in every line, three
-#                     rounds, back to back and synchronized; sizes by GEMMBN_ONE_WAVE_SIZES
+#                     back and synchronized, at GEMMBN_AB_SIZES (default: the local walk's shapes, few partials per
+#                     column) in GEMMBN_AB_CONFIGS (default tf32,bf16)
 #   one-wave-x-rest   the other one-wave rows with x multicast (perf/NOTES.md v48; carry a GEMMBN_EXPERIMENT_ROWS=ON
 #                     build): every row's GPU test, then tune_gemm with the node over 128x96 tiles (TF32 rows 5 and 14,
 #                     16-bit 5 and 12) and the 64x128 pairs (TF32 rows 8 and 15, 16-bit 7 and 13), rasters 0-2 x
 #                     swizzles rule/1, 50 calls each, at shapes where W's tiles have more readers than x's, at half
 #                     as many (v47's limit) and at far fewer (the control)
-#   presplit-rule     the split rule's evidence: the split rows' tests, the fp32 forward and backward tests by the rule
-#                     and on x split before the GEMM, tune_gemm over the split rows at nine shapes, the KernelBench
-#                     fp32 forward (A/B, synchronized) and training step against x split in registers (perf/NOTES.md v39)
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 #   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
 #                     (the short-K shapes' cost), plus tune_gemm.py there over every tile order
+# The one-off A/B steps of settled questions (flow-ab, flow-cost, presplit-rule, split-pass, tf32-stages, finish-local,
+# tf32-y-pass, one-wave-order: perf/NOTES.md v34-v48 give their commands and results) are in
+# `git show 45a4584:perf/gpu_session.sh`.
 # With a carried python/gemmbn/_operators.so the build is skipped and PYTHONPATH=python uses it (one build loads
 # under every torch >= 2.10, so one made on the CPU machine serves).
 # GEMMBN_COMMIT: pass the commit (GEMMBN_COMMIT=abc1234 bash perf/gpu_session.sh ...): the device's copy of
@@ -165,10 +135,6 @@ bench_ab_both_methods() {
   bench_ab "$prefix-back-to-back" "$@"
   bench_ab "$prefix-sync" "$@" --sync
 }
-# wide-tiles / wide-tiles-tf32 / tf32-stages: every row's GPU test, tune_gemm over ROWS without the statistics node at
-# SIZES (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against each of SIDES (perf/ab.sh NAME:ENV,
-# space-separated; two rounds; cuBLAS's addmm timed in the same lines, whose drift between sides shows the device's:
-# perf/NOTES.md v44).
 # size_args SIZES: SIZES ("M K N;M K N;...") as tune_gemm.py's arguments (--size M K N ...), in the array size_args.
 size_args() {
   local shapes shape
@@ -181,7 +147,10 @@ row_tests() {
   timeout $(limit 150) python3 -m pytest -q -rs tests/test_native_gpu.py -k every_configuration_row 2>&1 \
     | tee "$out/$1-tests.log" | tail -3
 }
-#   wide_tile_check PREFIX DTYPE CONFIG ROWS SIDES SIZES
+# wide_tile_check PREFIX DTYPE CONFIG ROWS SIDES SIZES (the wide-tiles steps): every row's GPU test, tune_gemm over
+# ROWS without the statistics node at SIZES (GEMMBN_TUNE_SIZES overrides), then the forward there by the rule against
+# each of SIDES (perf/ab.sh NAME:ENV, space-separated; two rounds; cuBLAS's addmm timed in the same lines, whose drift
+# between sides shows the device's: perf/NOTES.md v44).
 wide_tile_check() {
   local prefix=$1 dtype=$2 config=$3 rows=$4 sizes=${GEMMBN_TUNE_SIZES:-$6} sides
   read -r -a sides <<< "$5"
@@ -194,7 +163,7 @@ wide_tile_check() {
   bench_ab "$prefix-ab" 260 2 rule:GEMMBN_PLAIN_ROW= "${sides[@]}" -- --sizes "$sizes" --configs "$config" \
     --providers gemmbn,eager,cublas --no-compile --iters 20
 }
-# The local walk's shapes (few partials per column): finish-local's and build-ab's default sizes.
+# build-ab's default sizes: the local walk's shapes (few partials per column; perf/NOTES.md v45, v47).
 local_sizes="256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512"
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
@@ -367,66 +336,6 @@ for name in $steps; do
           --swizzles 1 --iters 10 --out "$out/tune_epilogue_${size// /x}.csv" 2>&1 \
           | tee -a "$out/tune_epilogue.txt" | awk '/:/{c=0} {c++; if (c<=9) print}'
       done ;;
-    flow-ab)
-      sizes="4096 8192 2048;2048 8192 4096;16384 8192 512;1024 4096 4096;4096 4096 4096;16384 8192 2048;16384 4096 4096"
-      sides=(barrier:GEMMBN_FINISH_DATAFLOW=0 walk:GEMMBN_FINISH_DATAFLOW=1
-             items:GEMMBN_FINISH_DATAFLOW=1,GEMMBN_FLOW_ITEMS_FIRST=1
-             items-m1:GEMMBN_FINISH_DATAFLOW=1,GEMMBN_FLOW_ITEMS_FIRST=1,GEMMBN_TRAIN_TILE_ORDER=M1)
-      bench_ab flow-ab 420 3 "${sides[@]}" -- --sizes "${GEMMBN_FLOW_SIZES:-$sizes}" --configs bf16,tf32 \
-        --providers gemmbn --no-compile --iters 30
-      GEMMBN_FINISH_DATAFLOW=1 GEMMBN_FLOW_ITEMS_FIRST=1 timeout $(limit 60) python3 perf/anatomy.py \
-        --size 4096 8192 2048 --dtype bfloat16 --providers gemmbn 2>&1 | tee "$out/flow-anatomy.txt" | tail -20 ;;
-    flow-cost)
-      IFS=';' read -r -a cases <<< "${GEMMBN_FLOW_COST_CASES:-1024 4096 4096 bfloat16;4096 8192 2048 bfloat16;16384 4096 4096 bfloat16}"
-      variants=("GEMMBN_FINISH_DATAFLOW=0" "GEMMBN_FINISH_DATAFLOW=1 GEMMBN_FLOW_COUNT_ONLY=1" "GEMMBN_FINISH_DATAFLOW=1"
-                "GEMMBN_FINISH_DATAFLOW=1 GEMMBN_FLOW_ITEMS_FIRST=1")
-      for case in "${cases[@]}"; do
-        read -r M K N dtype <<< "$case"
-        for variant in "${variants[@]}"; do
-          echo "== $M $K $N $dtype: $variant"
-          env $variant timeout $(limit 60) python3 perf/anatomy.py --size "$M" "$K" "$N" --dtype "$dtype" \
-            --providers gemmbn --iters 20 2>&1 | tail -8
-        done
-      done 2>&1 | tee "$out/flow-cost.txt" | grep -E "^==|span|gemm|finish" ;;
-    presplit-rule)
-      # The split rule's evidence (perf/NOTES.md v39): the split rows' GPU tests, the fp32 forward and backward tests
-      # by the rule and with x split before the GEMM everywhere (GEMMBN_SPLIT_ROW=2), tune_gemm over the split rows at
-      # N = 512-8192 and the backward's dW shape, and the KernelBench fp32 forward (A/B, synchronized) and training
-      # step, by the rule against x split in registers (GEMMBN_SPLIT_ROW=0).
-      timeout $(limit 120) python3 -m pytest -q -rs tests/test_native_gpu.py -k "split or presplit or every_configuration_row" \
-        2>&1 | tee "$out/rule-tests.log" | tail -4
-      for forced in "" 2; do
-        GEMMBN_SPLIT_ROW=$forced timeout $(limit 90) python3 -m pytest -q -rs tests/test_fused_gpu.py \
-          tests/test_backward_gpu.py -k "float32 or highest or split" 2>&1 | tee -a "$out/rule-tests.log" | tail -3
-      done
-      timeout $(limit 180) python3 perf/tune_gemm.py --dtypes split --rows 0,2,3 --rasters 0 --swizzles 0 --iters 20 \
-        --size 16384 4096 512 --size 16384 4096 1024 --size 16384 4096 2048 --size 16384 4096 4096 \
-        --size 65536 1024 1024 --size 4096 16384 4096 --size 2048 4096 4096 --size 1024 8192 8192 \
-        --size 4096 4096 8192 --out "$out/tune-rule.csv" 2>&1 | tee "$out/tune-rule.txt" | grep -E "x[0-9]+->| row " | head -60
-      bench_ab rule-ab 120 2 registers:GEMMBN_SPLIT_ROW=0 rule:GEMMBN_SPLIT_ROW= -- --set kernelbench --configs fp32 \
-        --providers gemmbn,eager --no-compile --iters 20
-      for forced in 0 ""; do
-        GEMMBN_SPLIT_ROW=$forced timeout $(limit 45) python3 perf/bench.py --set kernelbench --configs fp32 \
-          --providers gemmbn --no-compile --iters 20 --sync --out "$out/rule-sync-${forced:-rule}.csv" 2>&1 | grep -E "train|eval"
-        GEMMBN_SPLIT_ROW=$forced timeout $(limit 60) python3 perf/train_step.py --sizes "16384 4096 4096" --configs fp32 \
-          --providers gemmbn --modes fwd_bwd --iters 10 --out "$out/rule-step-${forced:-rule}.csv" 2>&1 | tail -3
-      done ;;
-    split-pass)
-      timeout $(limit 120) python3 -m pytest -q -rs tests/test_native_gpu.py tests/test_fused_gpu.py \
-        -k "split or presplit or highest" 2>&1 | tee "$out/split-tests.log" | tail -3
-      if [[ -n ${GEMMBN_AB_BASE:-} ]]; then
-        timeout $(limit 150) bash perf/ab.sh "$out/pass-ab" "$GEMMBN_AB_BASE" head:GEMMBN_SPLIT_ROW= 2 \
-          -- perf/anatomy.py --dtype float32 --precision highest --providers gemmbn --iters 20 \
-          > "$out/pass-ab.log" 2>&1
-        grep -H -E "split_rows|span" "$out"/pass-ab/*.txt
-        bench_ab bench-ab 120 2 "$GEMMBN_AB_BASE" head:GEMMBN_SPLIT_ROW= -- --set kernelbench --configs fp32 \
-          --providers gemmbn,eager --no-compile --iters 20
-      fi
-      timeout $(limit 150) python3 perf/tune_gemm.py --dtypes split --rows 0,2 --rasters 0 --swizzles 0 --iters 20 \
-        --size 16384 4096 512 --size 16384 4096 640 --size 16384 4096 768 --size 16384 4096 896 \
-        --size 16384 4096 1024 --size 4096 4096 768 --out "$out/tune-threshold.csv" 2>&1 \
-        | tee "$out/tune-threshold.txt" | grep -E "x[0-9]+->| row " | head -40
-      ;;
     wide-tiles)
       wide_tile_check wide bfloat16 bf16 0,6,8 row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_PLAIN_ROW=6 \
         "4096 8192 2048;4096 4096 4096;4096 2048 8192;16384 8192 2048;16384 4096 4096;16384 2048 8192;65536 4096 4096;1024 4096 4096" ;;
@@ -440,28 +349,11 @@ for name in $steps; do
     wide-tiles-rest-tf32)
       wide_tile_check wide-rest-tf32 float32 tf32 1,7,9 row9:GEMMBN_PLAIN_ROW=9 \
         "16384 8192 512;16384 8192 1024;8192 8192 1024;65536 8192 512" ;;
-    finish-local)
-      timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py tests/test_native_gpu.py \
-        -k "local_walk or training_pipeline or outlying_first_tile" 2>&1 | tee "$out/finish-local-tests.log" | tail -3
-      bench_ab_both_methods finish-local 200 3 barrier:GEMMBN_FINISH_LOCAL_MERGE=0 local:GEMMBN_FINISH_LOCAL_MERGE=1 \
-        -- --sizes "${GEMMBN_LOCAL_SIZES:-$local_sizes}" --configs tf32,bf16 --providers gemmbn,eager --no-compile --iters 30 ;;
     build-ab)
       read -r -a builds <<< "${GEMMBN_AB_BUILDS:-}"
       ((${#builds[@]} == 2)) || { echo "build-ab: GEMMBN_AB_BUILDS must name two build folders"; continue; }
       bench_ab_both_methods build-ab 240 3 "${builds[@]}" -- --sizes "${GEMMBN_AB_SIZES:-$local_sizes}" \
         --configs "${GEMMBN_AB_CONFIGS:-tf32,bf16}" --providers gemmbn,eager --no-compile --iters 30 ;;
-    one-wave-order)
-      sizes="${GEMMBN_ONE_WAVE_SIZES:-4096 8192 512;1024 8192 2048;256 8192 8192;2048 8192 1024;4096 4096 512;2048 4096 1024}"
-      size_args "$sizes"
-      timeout $(limit 120) python3 perf/tune_gemm.py --dtypes bfloat16,float32 --rows 4,9,10 --rasters 0,1,2 \
-        --swizzles 0,1,2 --iters 50 "${size_args[@]}" --out "$out/tune-one-wave-order.csv" 2>&1 \
-        | tee "$out/tune-one-wave-order.txt" | awk '/:/{c=0} {c++; if (c<=6) print}'
-      bench_ab_both_methods one-wave-order 200 3 rule:GEMMBN_TRAIN_TILE_ORDER= alongM1:GEMMBN_TRAIN_TILE_ORDER=M1 \
-        -- --sizes "$sizes" --configs tf32,bf16 --providers gemmbn,cublas --no-compile --iters 30 ;;
-    tf32-y-pass)
-      sizes="${GEMMBN_Y_PASS_SIZES:-16384 4096 4096;65536 4096 4096;4096 2048 8192;16384 2048 8192}"
-      bench_ab_both_methods tf32-y-pass 220 3 rule:GEMMBN_STATISTICS_SOURCE= y:GEMMBN_STATISTICS_SOURCE=y \
-        -- --sizes "$sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 30 ;;
     one-wave-x-rest)
       { require_rows float32 14,15 && require_rows bfloat16 12,13; } || continue
       row_tests one-wave-x-rest
@@ -473,13 +365,6 @@ for name in $steps; do
           --iters 50 "${size_args[@]}" --out "$out/tune-one-wave-x-$tiles-$dtype.csv" 2>&1 \
           | tee "$out/tune-one-wave-x-$tiles-$dtype.txt" | awk '/:/{c=0} {c++; if (c<=5) print}'
       done ;;
-    tf32-stages)
-      require_rows float32 4,12 || continue
-      timeout $(limit 100) python3 perf/tune_gemm.py --dtypes float32 --rows 4,13 --rasters 0 --swizzles 0 --iters 20 \
-        --size 4096 8192 512 --size 256 8192 8192 --size 1024 8192 2048 --size 2048 4096 1024 \
-        --out "$out/tune-tf32-one-wave.csv" 2>&1 | tee "$out/tune-tf32-one-wave.txt" | awk '/:/{c=0} {c++; if (c<=5) print}'
-      wide_tile_check tf32-stages float32 tf32 0,1,7,9,12 "row9y:GEMMBN_STATISTICS_SOURCE=y row12y:GEMMBN_PLAIN_ROW=12,GEMMBN_STATISTICS_SOURCE=y" \
-        "4096 8192 2048;16384 8192 2048;4096 4096 4096;4096 2048 8192;16384 4096 4096;65536 1024 1024" ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do
