@@ -10,7 +10,7 @@ export CUDACXX ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bi
 SHELL := bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: run test test-oldest-torch build ptxas-report config-report clean
+.PHONY: run test test-oldest-torch build build-experiment ptxas-report config-report clean
 
 run: build
 	$(PY) -m gemmbn
@@ -42,6 +42,17 @@ else
 	  | sed -nuE 's#^ *(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+\.(cu|cpp))( .*)?$$#  \1 \3#p; s#^ *(\[[0-9]+/[0-9]+\] Linking .*)#  \1#p' \
 	  || { tail -40 build/pip.log; exit 1; }
 endif
+
+# The experimental rows as well (CMake GEMMBN_EXPERIMENT_ROWS=ON: rows no rule picks, which gpu_session.sh's experiment
+# steps time), built apart in build/experiment (first build ~17 min) and left as $(EXPERIMENT_OUT)/_operators.so
+# (ignored) for a device call to carry as python/gemmbn/_operators.so; .venv's install is left as it was.
+EXPERIMENT_OUT ?= perf/results/raw/experiment
+build-experiment: $(VENV)/.deps
+	@mkdir -p build && echo "building gemmbn with the experimental rows (log: build/pip-experiment.log)"
+	@$(PY) -m pip install --no-build-isolation --no-deps --upgrade -v --target build/experiment-site . \
+	  -Cbuild-dir=build/experiment -Ccmake.define.GEMMBN_EXPERIMENT_ROWS=ON > build/pip-experiment.log 2>&1 \
+	  || { tail -40 build/pip-experiment.log; exit 1; }
+	mkdir -p $(EXPERIMENT_OUT) && cp build/experiment-site/gemmbn/_operators.so $(EXPERIMENT_OUT)/
 
 # Registers, stack frames and spills of every kernel.
 ptxas-report: $(VENV)/.deps
