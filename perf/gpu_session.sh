@@ -71,10 +71,10 @@
 #                     back and synchronized, at GEMMBN_AB_SIZES (default: the local walk's shapes, few partials per
 #                     column) in GEMMBN_AB_CONFIGS (default tf32,bf16)
 #   one-wave-x-rest   the other one-wave rows with x multicast (perf/NOTES.md v48; carry `make build-experiment`'s
-#                     build as python/gemmbn/_operators.so): every row's GPU test, then tune_gemm with the node over 128x96 tiles (TF32 rows 5 and 14,
-#                     16-bit 5 and 12) and the 64x128 pairs (TF32 rows 8 and 15, 16-bit 7 and 13), rasters 0-2 x
-#                     swizzles rule/1, 50 calls each, at shapes where W's tiles have more readers than x's, at half
-#                     as many (v47's limit) and at far fewer (the control)
+#                     build as python/gemmbn/_operators.so): every row's GPU test, then tune_gemm with the node over
+#                     128x96 tiles (TF32 rows 5 and 14, 16-bit 5 and 12) and the 64x128 pairs (TF32 rows 8 and 15,
+#                     16-bit 7 and 13), rasters 0-2 x swizzles rule/1, 50 calls each, at shapes where W's tiles have
+#                     more readers than x's, at half as many (v47's limit) and at far fewer (the control)
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 #   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
 #                     (the short-K shapes' cost), plus tune_gemm.py there over every tile order

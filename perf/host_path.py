@@ -33,6 +33,7 @@ from collections.abc import Callable
 import torch
 from gemmbn import GemmScaleBatchNorm, backward, eval_fold_cache, functional, fused, ops, precision, weight_cache
 from host_overhead import print_profile
+from train_step import _step
 
 
 class StubOperators(types.SimpleNamespace):
@@ -138,19 +139,10 @@ def main() -> None:
     dout = torch.randn(M, N, dtype=dtype)
     y, mean, invstd = torch.randn(M, N, dtype=dtype), torch.zeros(N), torch.ones(N)
 
-    def training_step():
-        module.zero_grad(set_to_none=True)
-        x_grad.grad = None
-        module(x_grad).backward(dout)
-
+    training_step = _step(module, x_grad, dout, None)
     stepping = copy.deepcopy(module)  # its own parameters: the update moves them (and W's version) every step
     optimizer = torch.optim.SGD(stepping.parameters(), lr=1e-4, momentum=0.9, foreach=True)  # as on CUDA
-
-    def training_step_with_update():
-        stepping.zero_grad(set_to_none=True)
-        x_grad.grad = None
-        stepping(x_grad).backward(dout)
-        optimizer.step()
+    training_step_with_update = _step(stepping, x_grad, dout, optimizer)
 
     split_per_update = 1 if gemm_kind == precision.SPLIT_FP32 else 0  # the split W, made again after each update
     grad_rows = {
