@@ -43,6 +43,9 @@ STREAM_K = (384, 8192, 4096)
 # Under a wave with K = 4096 and no more tiles along N than twice along M: the one-wave row with x multicast (TF32 row
 # 10, 16-bit row 9; v47), ragged along both M and N (10 column tiles, the last one 8 columns wide).
 ONE_WAVE_X = (1000, 4096, 1160)
+# The same for 128x96 tiles from K = 2048 (TF32 row 11, 16-bit row 10; v50): 96 of them, ragged along both M and N (12
+# column tiles, the last one 40 columns wide).
+ONE_WAVE_96_X = (1000, 2048, 1096)
 
 
 def _cases(shapes_for):
@@ -53,7 +56,7 @@ def _cases(shapes_for):
     ]
 
 
-ACCURACY_CASES = _cases(lambda dtype: [*RAGGED[dtype.itemsize * 8], ONE_WAVE_X, BENCHMARK]) + [
+ACCURACY_CASES = _cases(lambda dtype: [*RAGGED[dtype.itemsize * 8], ONE_WAVE_X, ONE_WAVE_96_X, BENCHMARK]) + [
     pytest.param(torch.float32, "high", STREAM_K, id="fp32-high-stream-k-384x8192x4096")
 ]
 MID_CASES = _cases(lambda dtype: [(1000, 512, 264), BENCHMARK])

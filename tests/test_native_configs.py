@@ -109,15 +109,18 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # 128x128 tiles and K take the 64x64 (row 3: up to 32 tiles, 64 at K <= 1024) or, under a wave with K >= 512, (TF32
     # up to 64 tiles with K > 4096: its stream-K row 6, split-K 2 or 3; else at 49-64 tiles 64x128 tiles on a 2x1
     # cluster, TF32 row 8 and 16-bit row 7, where that cluster pads nothing) the row that makes the most of one wave:
-    # 128x96 (row 5) where that grid fills more than half a wave without passing it and its 2x1 cluster pads nothing
-    # (past 64 tiles only where N is a multiple of 96 or K < 4096), else up to 64 tiles 64x128 (row 2), else 128x128:
-    # from K = 4096 with x multicast (TF32 row 10, 16-bit row 9) where there are at most twice as many tiles along N as
-    # along M and its 1x2 cluster pads nothing, else with W multicast (row 4);
+    # 128x96 where that grid fills more than half a wave without passing it (past 64 tiles only where N is a multiple
+    # of 96 or K < 4096): from K = 2048 with x multicast (TF32 row 11, 16-bit row 10) where its grid has at most twice
+    # as many tiles along N as along M and its 1x2 cluster pads nothing, else row 5 where its 2x1 cluster pads nothing;
+    # else up to 64 tiles 64x128 (row 2), else 128x128: from K = 4096 with x multicast (TF32 row 10, 16-bit row 9)
+    # where there are at most twice as many tiles along N as along M and its 1x2 cluster pads nothing, else with W
+    # multicast (row 4);
     # larger ones ping-pong 128x128 with a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row
     # for 512 < M <= 2048 where the 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the
     # 1x2-cluster row for M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16
     # waves; 16-bit K <= 1024 up to 8); row 1 past a wave wherever N <= 1024, K > 4096 and its tiles along N pad
-    # nothing; where row 4's cluster pads and K > 4096, TF32's cooperative stream-K 128x128 row (row 6). split:
+    # nothing (16-bit launches without partials excepted, below); where row 4's cluster pads and K > 4096, TF32's
+    # cooperative stream-K 128x128 row (row 6). split:
     # 128x128 tiles, its stream-K row (row 1) under a wave of tiles with K > 1024; else from N = 768 x split before
     # the GEMM on a 2x1 cluster (row 2; row 3 without it where an odd count of M tiles would pad one), below x split in
     # registers (row 0).
@@ -147,11 +150,11 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[wide_tile]) == (256, 128, 0, 1, 2) and rows[wide_tile]["statistics"] == 0
         # TF32's with 128x16 epilogue subtiles: fp32 y's 128x32 ones left its mainloop 3 stages, these 4 (v45)
         assert rows[wide_tile]["epilogue_n"] == (16 if tf32 else 0)
-        # Row 4 with x multicast instead of W, its tiles along M (v47). The experimental rows of CMake
+        # Rows 4 and 5 with x multicast instead of W, their tiles along M (v47, v50). The experimental rows of CMake
         # GEMMBN_EXPERIMENT_ROWS=ON follow.
-        one_wave_x = wide_tile + 1
-        assert layout(rows[one_wave_x]) == (128, 128, 0, 1, 2) and rows[one_wave_x]["statistics"] == 1
-        assert rows[one_wave_x]["raster"] == 1 and rows[one_wave_x]["stream_k"] == 0
+        for one_wave_x, tile_n in ((wide_tile + 1, 128), (wide_tile + 2, 96)):
+            assert layout(rows[one_wave_x]) == (128, tile_n, 0, 1, 2) and rows[one_wave_x]["statistics"] == 1
+            assert rows[one_wave_x]["raster"] == 1 and rows[one_wave_x]["stream_k"] == 0
         assert all(r["statistics"] for r in rows[:without])
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
@@ -180,8 +183,11 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (1024, 512, 2048): (4, 4),  # 128 tiles, 176 of 128x96: past a wave
         (1024, 256, 1536): (2, 2),  # K < 512: 64x128 tiles
         (1024, 1024, 1536): (5, 5),  # 96 tiles, K = 1024: 128 of 128x96
-        (1024, 2048, 1536): (5, 5),
-        (1536, 2048, 1024): (5, 5),  # N no multiple of 96, but K < 4096
+        (1024, 2048, 1536): (11, 10),  # K = 2048: 128x96 with x multicast (16 tiles along N, 8 along M)
+        (1000, 2048, 1096): (11, 10),  # tests/test_fused_gpu.py's ONE_WAVE_96_X: N no multiple of 96, but K < 4096
+        (1536, 2048, 1024): (5, 5),  # 11 tiles of 96 columns: the 1x2 cluster would pad
+        (1152, 4096, 1152): (11, 10),  # 9 tiles along M: row 5's 2x1 cluster would pad, the 1x2 one not
+        (512, 4096, 3072): (5, 5),  # 32 tiles along N against 4 along M: W multicast
         (1024, 2048, 2048): (4, 4),  # 128 tiles, 176 of 128x96: past a wave
         (256, 8192, 8192): (4, 4),  # 128 tiles, under a wave, K >= 4096: one wave of cooperative tiles
         (1024, 8192, 2048): (10, 9),  # 16 tiles along N, 8 along M: at most twice as many
@@ -192,9 +198,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (4096, 4096, 512): (10, 9),  # K = 4096 too
         (1536, 4096, 1024): (10, 9),  # 96 tiles (128x96 would make 132, but N is not a multiple of 96)
         (1536, 8192, 1024): (10, 9),
-        (1024, 8192, 1536): (5, 5),  # 96 tiles; 128 of 128x96 with N a multiple of 96
-        (2048, 8192, 768): (5, 5),
-        (1280, 8192, 1152): (5, 5),  # 90 tiles, 120 of 128x96
+        (1024, 8192, 1536): (11, 10),  # 96 tiles; 128 of 128x96 with N a multiple of 96, 16 along N and 8 along M
+        (2048, 8192, 768): (11, 10),
+        (1280, 8192, 1152): (11, 10),  # 90 tiles, 120 of 128x96
         (1536, 8192, 1152): (4, 4),  # 108 tiles, but 144 of 128x96: past a wave; 9 along N: a 1x2 cluster pads
         (384, 8192, 4096): (6, 1),  # 96 tiles, 3 along M: row 4's 2x1 cluster would pad (TF32: its stream-K row)
         (1152, 8192, 1536): (10, 9),  # 108 tiles, 9 along M: row 4's cluster would pad, the 1x2 one not
@@ -260,7 +266,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
     without_statistics = {shape: (7 if tf32_row == 0 else tf32_row, half_row)
                           for shape, (tf32_row, half_row) in expected_rows.items()}
     # Launches without partials past a wave from K = 2048 with M > 512 take the 256x128 row (TF32 row 9, 16-bit row 8;
-    # v43, v44), except where N <= 1024 with K > 4096 keeps row 1 (and where TF32's 128x256 row would take them).
+    # v43, v44; 16-bit also where N <= 1024 with K > 4096: v50), except where TF32's 128x256 row would take them and
+    # TF32 at N <= 1024 with K > 4096 (row 1).
     for shape in [(8192, 4096, 1024), (16384, 8192, 640), (16384, 4096, 768), (16384, 8192, 1280), (16384, 2048, 512),
                   (1024, 4096, 4096), (1152, 4096, 4096), (2048, 4096, 4096), (2049, 4096, 4096), (1024, 8192, 8192),
                   (16384, 4096, 4096), (16384, 2048, 8192), (4096, 8192, 2048)]:  # fmt: skip
@@ -269,7 +276,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (512, 4096, 8192): (2, 1),  # M = 512: two 256-row tiles
         (640, 4096, 4096): (9, 8),  # 160 tiles, M > 512 (with partials TF32 takes the 128x256 row here)
         (16384, 1536, 4096): (7, 0),  # K < 2048
-        (16384, 8192, 512): (1, 1),  # N <= 1024 with K > 4096: row 1
+        (16384, 8192, 512): (1, 8),  # N <= 1024 with K > 4096: TF32 row 1, 16-bit the 256x128 row
+        (8192, 8192, 1024): (1, 8),
         (1024, 2048, 2048): (4, 4),  # 128 tiles: the one-wave row
     })  # fmt: skip
     for (M, K, N), (tf32_row, half_row) in {**without_statistics, **short_k_without_statistics}.items():

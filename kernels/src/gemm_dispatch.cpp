@@ -40,13 +40,24 @@ static_assert(config_at(GemmOperands::tf32, kTf32WideTile).tile_m == 256 &&
                   config_at(GemmOperands::bf16, kHalfWideTile).tile_m == 256 &&
                   config_at(GemmOperands::bf16, kHalfWideTile).statistics == 0,
               "configs.h's cooperative 256x128 rows: TF32 row 9, 16-bit row 8");
-// The one-wave 128x128 cooperative row with x multicast (a 1x2 cluster) instead of row 4's W (TF32 row 10, 16-bit 9).
-constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9;
-static_assert(config_at(GemmOperands::tf32, kTf32OneWaveX).cluster_n == 2 &&
-                  config_at(GemmOperands::tf32, kTf32OneWaveX).pingpong == 0 &&
-                  config_at(GemmOperands::bf16, kHalfOneWaveX).cluster_n == 2 &&
-                  config_at(GemmOperands::bf16, kHalfOneWaveX).pingpong == 0,
-              "configs.h's one-wave rows with x multicast: TF32 row 10, 16-bit row 9");
+// The one-wave cooperative rows with x multicast (a 1x2 cluster) instead of W: 128x128 tiles (row 4's: TF32 row 10,
+// 16-bit 9) and 128x96 ones (row 5's: TF32 row 11, 16-bit 10).
+constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalfOneWave96X = 10;
+constexpr bool one_wave_x_row(GemmOperands operands, int row, int tile_n) {
+  return config_at(operands, row).cluster_n == 2 && config_at(operands, row).pingpong == 0 &&
+         config_at(operands, row).tile_n == tile_n && config_at(operands, row).statistics == 1;
+}
+static_assert(one_wave_x_row(GemmOperands::tf32, kTf32OneWaveX, 128) &&
+                  one_wave_x_row(GemmOperands::bf16, kHalfOneWaveX, 128) &&
+                  one_wave_x_row(GemmOperands::tf32, kTf32OneWave96X, 96) &&
+                  one_wave_x_row(GemmOperands::bf16, kHalfOneWave96X, 96),
+              "configs.h's one-wave rows with x multicast: TF32 rows 10 and 11, 16-bit rows 9 and 10");
+// Whether a row's grid has at most twice as many tiles along N (readers of each x tile) as along M (readers of each W
+// tile): one wave's M tiles then read W's tiles in step, L2's request coalescer merges those unicast loads, and
+// multicasting x saves more than multicasting W (perf/NOTES.md v47, v50).
+bool w_read_in_step(TileConfig const& c, int M, int N) {
+  return (int64_t(N) + c.tile_n - 1) / c.tile_n <= 2 * ((int64_t(M) + c.tile_m - 1) / c.tile_m);
+}
 // Narrow outputs: x, the large operand at long K, is read once per tile column, so few of them matter.
 constexpr int kNarrowN = 1024;
 // 128-wide tiles along one dimension of the output, and in all.
@@ -120,13 +131,16 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape. The clauses, in order (the numbers behind each: perf/NOTES.md, "The configuration tables' evidence"):
 // - small problems, counted in 128x128 tiles: 64x64 tiles up to 32 of them, or 64 with K <= 1024;
 // - under a wave with K >= 512: TF32 up to 64 tiles with K > 4096 its stream-K row; 49-64 tiles the 64x128 pair row;
-//   else the most of one wave: cooperative 128x96 c2x1 where it fills over half a wave and pads nothing, the 64x128
-//   row up to 64 tiles, cooperative 128x128 c2x1 where its cluster pads nothing, else TF32's stream-K row past K = 4096;
+//   else the most of one wave: cooperative 128x96 where it fills over half a wave (c1x2 from K = 2048 where W's tiles
+//   are read in step, else c2x1) and its cluster pads nothing, the 64x128 row up to 64 tiles, cooperative 128x128
+//   (c1x2 from K = 4096 where W's tiles are read in step, else c2x1) where its cluster pads nothing, else TF32's
+//   stream-K row past K = 4096;
 // - launches without partials past a wave at K <= 1024, and TF32's wherever it would take row 0: row 0's tile without
 //   the statistics node, whose per-value work costs time even where it is idle;
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
-// - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns);
+// - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns), but for 16-bit launches without
+//   partials;
 // - launches without partials past a wave from K = 2048 and M > 512: cuBLAS's cooperative 256x128 tile without the
 //   node (TF32 row 9, 16-bit row 8), which loads one operand tile per 128x128 of output against row 0's 1.5
 //   (perf/NOTES.md v43, v44);
@@ -157,18 +171,23 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     const TileConfig& narrow = config_at(operands, kOneWave96);
     const int64_t narrow_tiles = grid_tiles(narrow, M, N, 1);
     // 128x96 tiles filling more than half of one wave (a partial last column of them loses at K >= 4096).
-    const bool narrow_wave = 2 * narrow_tiles > kWave && narrow_tiles <= kWave && !pads(kOneWave96);
+    const bool narrow_fills = 2 * narrow_tiles > kWave && narrow_tiles <= kWave;
+    const bool narrow_wave = narrow_fills && !pads(kOneWave96);
     // TF32 past K = 4096: its stream-K row (split-K 2 or 3 from 34 tiles, select_splits) even where 128x96 tiles
     // would fill a wave (v29).
     if (tf32 && tiles <= 64 && K > kLongK) return kStreamK;
     // 49-64 tiles (TF32 up to K = 4096): 64x128 tiles sharing W's loads in pairs, half the L2 reads of W (v30).
     if (tiles > 48 && tiles <= 64 && !pads(narrow_pair)) return narrow_pair;
     if (tiles <= 64) return narrow_wave ? kOneWave96 : kNarrow;
-    if (narrow_wave && (N % narrow.tile_n == 0 || K < kLongK)) return kOneWave96;
-    // x multicast from K = 4096 where W's tiles have at least half as many readers as x's (tiles along M against
-    // along N): the readers of a W tile ask for it in step, and L2's request coalescer merges those loads (v47).
+    // x multicast instead of W where W's tiles are read in step (w_read_in_step): 128x96 tiles from K = 2048, 128x128
+    // ones from K = 4096 (the shortest K each was measured at: v47, v50).
+    if (narrow_fills && (N % narrow.tile_n == 0 || K < kLongK)) {
+      const int x_row = tf32 ? kTf32OneWave96X : kHalfOneWave96X;
+      if (K >= kWideTileK && w_read_in_step(narrow, M, N) && !pads(x_row)) return x_row;
+      if (narrow_wave) return kOneWave96;
+    }
     const int one_wave_x = tf32 ? kTf32OneWaveX : kHalfOneWaveX;
-    if (K >= kLongK && tiles_along(N) <= 2 * tiles_along(M) && !pads(one_wave_x)) return one_wave_x;
+    if (K >= kLongK && w_read_in_step(config_at(operands, one_wave_x), M, N) && !pads(one_wave_x)) return one_wave_x;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }
@@ -182,7 +201,10 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   if (!tf32 && short_k && tiles <= 8 * kWave) return kNarrow;
   // N <= 1024 with K > 4096: x, the large operand, is read once per N tile; row 1 halves that (TF32 256-wide tiles,
   // 16-bit x multicast to a 1x2 cluster) where its tiles along N pad nothing (v22).
-  if (K > kLongK && N <= kNarrowN && !pads_along_n(config_at(operands, kShortMRow), N)) return kShortMRow;
+  // 16-bit launches without partials take the 256x128 row below instead: it outran row 1 there (v50).
+  if (K > kLongK && N <= kNarrowN && !pads_along_n(config_at(operands, kShortMRow), N) && (statistics || tf32)) {
+    return kShortMRow;
+  }
   if (!statistics && K >= kWideTileK && tiles >= kWave && M > kFewRows) return wide_tile_row(operands);
   if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : wide;
   return M <= kShortM ? kShortMRow : kWide;

@@ -50,7 +50,8 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   and energy under the power limit);
 // - at M <= 2048 16-bit takes the c1x2 row, and TF32 the cooperative 128x256 one where the 2x1 cluster pads a
 //   tile (the clustered rows' old "cliffs" were padded tiles: unpadded_swizzle below); both also at any M where
-//   N <= 1024 and K > 4096 (x read once per 256 columns instead of 128: perf/NOTES.md v22);
+//   N <= 1024 and K > 4096 (x read once per 256 columns instead of 128: perf/NOTES.md v22), 16-bit launches without
+//   partials excepted (the 256x128 row below: v50);
 // - few tiles take the 64x128 and 64x64 rows (one tile on each of a few SMs otherwise), and short K the
 //   64x128 row in 16-bit; 49-64 tiles (TF32 up to K = 4096) the 64x128 tiles on a 2x1 cluster (TF32 row 8, 16-bit
 //   row 7: W's L2 reads halved; perf/NOTES.md v30);
@@ -58,9 +59,10 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   one tile; ping-pong leaves one idle there) on a 2x1 cluster where it pads nothing: 128x96 ones where they fill
 //   more than half a wave (more SMs busy, each with 3/4 of a 128x128 tile's work), else 128x128 past 64 tiles; TF32's
 //   stream-K row where the cluster would pad (rows 4-6: perf/NOTES.md v20, v21; the 128x256 stream-K rows and 16-bit's
-//   128x128 one never won); from K = 4096 the same tile with x multicast instead of W (TF32 row 10, 16-bit row 9)
-//   where W's tiles have at least half as many readers as x's: every M tile reads W's tiles in step, so L2's request
-//   coalescer merges their unicast loads, and the multicast halves x's (perf/NOTES.md v47, v48);
+//   128x128 one never won); the same tiles with x multicast instead of W (128x128: TF32 row 10, 16-bit row 9 from
+//   K = 4096; 128x96: TF32 row 11, 16-bit row 10 from K = 2048) where W's tiles have at least half as many readers as
+//   x's: every M tile reads W's tiles in step, so L2's request coalescer merges their unicast loads, and the multicast
+//   halves x's (perf/NOTES.md v47, v48, v50);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators);
 // - launches without partials (eval, the training forward with its statistics from y) take row 0 without the moments
 //   node at short K (and TF32 wherever row 0 runs): the node's per-value work is what the ping-pong epilogue cannot
@@ -82,14 +84,13 @@ inline constexpr TileConfig kTf32Configs[] = {
     // mainloop 4 stages, not 3 (fp32 y: 16 KB less shared memory), which long K needs (perf/NOTES.md v45)
     {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 0},
     {128, 128, 32, 1, 2, 32, 0, 1, 8},  // 10: row 4 with x multicast, along M (one wave, W's tiles read in step: v47)
-#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45, v48): picked by no rule
-    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 11: row 7, 64-column epilogue subtiles
-    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 12: cooperative 128x256 without the node, W multicast, 4 stages
-    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 13: row 4 with 128x16 subtiles: 6 stages, not 5
-    // 14-15: the other one-wave rows (5: 128x96, 8: the 64x128 pair) with x multicast, along M, as row 10 is row 4's
-    // (where W's tiles have more readers in step than x's, L2's request coalescer merges W's loads: v47, v48)
-    {128, 96, 32, 1, 2, 32, 0, 1, 8},   // 14: row 5 with x multicast
-    {64, 128, 32, 1, 2, 32, 1, 1, 8},   // 15: row 8 with x multicast
+    {128, 96, 32, 1, 2, 32, 0, 1, 8},   // 11: row 5 with x multicast, along M (the same for 128x96 tiles: v50)
+#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45, v48, v50): picked by no rule
+    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 12: row 7, 64-column epilogue subtiles
+    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 13: cooperative 128x256 without the node, W multicast, 4 stages
+    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 14: row 4 with 128x16 subtiles: 6 stages, not 5
+    // 15: the 64x128 pair (row 8) with x multicast, along M: it won only where W's tiles had 8x x's readers (v50)
+    {64, 128, 32, 1, 2, 32, 1, 1, 8},
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
@@ -103,11 +104,11 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {64, 128, 64, 2, 1, 32, 1, 0, 8},            // 7: row 2, W multicast to 2 CTAs (half its L2 reads of W)
     {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 8: cooperative 256x128 without the node, x multicast (cuBLAS's tile)
     {128, 128, 64, 1, 2, 32, 0, 1, 8},           // 9: row 4 with x multicast, along M (one wave, W read in step: v47)
-#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v48): picked by no rule
-    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 10: row 6 with 32-column subtiles
-    {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 11: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
-    {128, 96, 64, 1, 2, 32, 0, 1, 8},            // 12: row 5 with x multicast, along M (TF32 row 14's: v48)
-    {64, 128, 64, 1, 2, 32, 1, 1, 8},            // 13: row 7 with x multicast, along M (TF32 row 15's: v48)
+    {128, 96, 64, 1, 2, 32, 0, 1, 8},            // 10: row 5 with x multicast, along M (TF32 row 11's: v50)
+#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v48, v50): picked by no rule
+    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 11: row 6 with 32-column subtiles
+    {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 12: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
+    {64, 128, 64, 1, 2, 32, 1, 1, 8},            // 13: row 7 with x multicast, along M (TF32 row 15's: v50)
 #endif
 };
 
