@@ -70,11 +70,11 @@
 #                     _operators.so, such as under the ignored perf/results/raw/), perf/ab.sh, three rounds, back to
 #                     back and synchronized, at GEMMBN_AB_SIZES (default: the local walk's shapes, few partials per
 #                     column) in GEMMBN_AB_CONFIGS (default tf32,bf16)
-#   one-wave-x-rest   the other one-wave rows with x multicast (perf/NOTES.md v48; carry `make build-experiment`'s
-#                     build as python/gemmbn/_operators.so): every row's GPU test, then tune_gemm with the node over
-#                     128x96 tiles (TF32 rows 5 and 14, 16-bit 5 and 12) and the 64x128 pairs (TF32 rows 8 and 15,
-#                     16-bit 7 and 13), rasters 0-2 x swizzles rule/1, 50 calls each, at shapes where W's tiles have
-#                     more readers than x's, at half as many (v47's limit) and at far fewer (the control)
+#   multi-wave-x      the one-wave 128x128 row with x multicast (TF32 row 10, 16-bit 9) past a wave, where training
+#                     takes row 0 with the node (perf/NOTES.md v50: at 65536x4096->4096 TF32 row 10 ran 16-23% faster
+#                     than row 0 in `clocks`): tune_gemm with the node over rows 0, 4 and the x row, then the TF32
+#                     training forward by the rule against GEMMBN_STATISTICS_ROW=10, two rounds (sizes by
+#                     GEMMBN_MULTI_WAVE_SIZES)
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 #   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
 #                     (the short-K shapes' cost), plus tune_gemm.py there over every tile order
@@ -354,17 +354,17 @@ for name in $steps; do
       ((${#builds[@]} == 2)) || { echo "build-ab: GEMMBN_AB_BUILDS must name two build folders"; continue; }
       bench_ab_both_methods build-ab 240 3 "${builds[@]}" -- --sizes "${GEMMBN_AB_SIZES:-$local_sizes}" \
         --configs "${GEMMBN_AB_CONFIGS:-tf32,bf16}" --providers gemmbn,eager --no-compile --iters 30 ;;
-    one-wave-x-rest)
-      { require_rows float32 14,15 && require_rows bfloat16 12,13; } || continue
-      row_tests one-wave-x-rest
-      for run in "96 float32 5,14" "96 bfloat16 5,12" "pair float32 8,15" "pair bfloat16 7,13"; do
-        read -r tiles dtype rows <<< "$run"
-        if [[ $tiles == 96 ]]; then size_args "2048 8192 768;1280 8192 1152;2048 2048 768;1024 8192 1536;512 4096 3072"
-        else size_args "2048 4096 512;1024 4096 1024;1024 8192 1024;512 2048 2048;256 4096 4096"; fi
-        timeout $(limit 100) python3 perf/tune_gemm.py --dtypes "$dtype" --rows "$rows" --rasters 0,1,2 --swizzles 0,1 \
-          --iters 50 "${size_args[@]}" --out "$out/tune-one-wave-x-$tiles-$dtype.csv" 2>&1 \
-          | tee "$out/tune-one-wave-x-$tiles-$dtype.txt" | awk '/:/{c=0} {c++; if (c<=5) print}'
-      done ;;
+    multi-wave-x)
+      sizes=${GEMMBN_MULTI_WAVE_SIZES:-16384 4096 4096;65536 4096 4096;16384 2048 8192}
+      size_args "$sizes"
+      for run in "float32 0,4,10" "bfloat16 0,4,9"; do
+        read -r dtype rows <<< "$run"
+        timeout $(limit 120) python3 perf/tune_gemm.py --dtypes "$dtype" --rows "$rows" --rasters 0 --swizzles 0 \
+          --iters 20 "${size_args[@]}" --out "$out/tune-multi-wave-x-$dtype.csv" 2>&1 \
+          | tee "$out/tune-multi-wave-x-$dtype.txt" | awk '/:/{c=0} {c++; if (c<=7) print}'
+      done
+      bench_ab multi-wave-x-ab 200 2 rule:GEMMBN_STATISTICS_ROW= row10:GEMMBN_STATISTICS_ROW=10 -- --sizes "$sizes" \
+        --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
     anatomy)
       IFS=';' read -r -a cases <<< "${GEMMBN_ANATOMY_CASES:-16384 8192 512 bfloat16;16384 512 8192 bfloat16;4096 8192 2048 bfloat16;65536 512 512 bfloat16;1024 1024 1024 bfloat16}"
       for case in "${cases[@]}"; do
