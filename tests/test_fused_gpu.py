@@ -43,7 +43,7 @@ STREAM_K = (384, 8192, 4096)
 # Under a wave with K = 4096 and no more tiles along N than twice along M: the one-wave row with x multicast (TF32 row
 # 10, 16-bit row 9; v47), ragged along both M and N (10 column tiles, the last one 8 columns wide).
 ONE_WAVE_X = (1000, 4096, 1160)
-# The same for 128x96 tiles from K = 2048 (TF32 row 11, 16-bit row 10; v50): 96 of them, ragged along both M and N (12
+# The same for 128x96 tiles (TF32 row 11, 16-bit row 10; v50): 96 of them, ragged along both M and N (12
 # column tiles, the last one 40 columns wide).
 ONE_WAVE_96_X = (1000, 2048, 1096)
 

@@ -110,11 +110,10 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # up to 64 tiles with K > 4096: its stream-K row 6, split-K 2 or 3; else at 49-64 tiles 64x128 tiles on a 2x1
     # cluster, TF32 row 8 and 16-bit row 7, where that cluster pads nothing) the row that makes the most of one wave:
     # 128x96 where that grid fills more than half a wave without passing it (past 64 tiles only where N is a multiple
-    # of 96 or K < 4096): from K = 2048 with x multicast (TF32 row 11, 16-bit row 10) where its grid has at most twice
-    # as many tiles along N as along M and its 1x2 cluster pads nothing, else row 5 where its 2x1 cluster pads nothing;
-    # else up to 64 tiles 64x128 (row 2), else 128x128: from K = 4096 with x multicast (TF32 row 10, 16-bit row 9)
-    # where there are at most twice as many tiles along N as along M and its 1x2 cluster pads nothing, else with W
-    # multicast (row 4);
+    # of 96 or K < 4096), else up to 64 tiles 64x128 (row 2), else 128x128; each with x multicast (128x96: TF32 row 11,
+    # 16-bit row 10; 128x128: TF32 row 10, 16-bit row 9) where its grid has at most twice as many tiles along N as
+    # along M and its 1x2 cluster pads nothing, else with W multicast (rows 5 and 4) where the 2x1 cluster pads
+    # nothing;
     # larger ones ping-pong 128x128 with a 2x1 cluster (row 0) except at short M: TF32 the cooperative 128x256 row
     # for 512 < M <= 2048 where the 2x1 cluster would pad a tile (the 64x128 row below 512), 16-bit data the
     # 1x2-cluster row for M <= 2048; short K beyond two waves the 64x128 row (K <= 512: 16-bit always, TF32 up to 16
@@ -178,17 +177,18 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (384, 8192, 2048): (6, 2),  # the same at K > 4096: TF32's stream-K row
         (128, 8192, 8192): (6, 7),  # 64 tiles, one along M (two of 64 rows)
         (128, 4096, 8192): (8, 7),  # the same at K = 4096
-        (1024, 512, 1536): (5, 5),  # K = 512 under a wave: the one-wave rows too
-        (1536, 512, 1024): (5, 5),
-        (1024, 512, 2048): (4, 4),  # 128 tiles, 176 of 128x96: past a wave
+        (1024, 512, 1536): (11, 10),  # K = 512 under a wave: the one-wave rows too
+        (1536, 512, 1024): (5, 5),  # 11 tiles of 96 columns: the 1x2 cluster would pad
+        (1024, 512, 2048): (10, 9),  # 128 tiles, 176 of 128x96: past a wave
         (1024, 256, 1536): (2, 2),  # K < 512: 64x128 tiles
-        (1024, 1024, 1536): (5, 5),  # 96 tiles, K = 1024: 128 of 128x96
-        (1024, 2048, 1536): (11, 10),  # K = 2048: 128x96 with x multicast (16 tiles along N, 8 along M)
+        (1024, 1024, 1536): (11, 10),  # 96 tiles, K = 1024: 128 of 128x96
+        (1024, 2048, 1536): (11, 10),  # 16 tiles along N, 8 along M: x multicast
         (1000, 2048, 1096): (11, 10),  # tests/test_fused_gpu.py's ONE_WAVE_96_X: N no multiple of 96, but K < 4096
         (1536, 2048, 1024): (5, 5),  # 11 tiles of 96 columns: the 1x2 cluster would pad
         (1152, 4096, 1152): (11, 10),  # 9 tiles along M: row 5's 2x1 cluster would pad, the 1x2 one not
         (512, 4096, 3072): (5, 5),  # 32 tiles along N against 4 along M: W multicast
-        (1024, 2048, 2048): (4, 4),  # 128 tiles, 176 of 128x96: past a wave
+        (1024, 2048, 2048): (10, 9),  # 128 tiles, 176 of 128x96: past a wave; 16 along N, 8 along M
+        (256, 2048, 8192): (4, 4),  # 64 along N, 2 along M: W multicast
         (256, 8192, 8192): (4, 4),  # 128 tiles, under a wave, K >= 4096: one wave of cooperative tiles
         (1024, 8192, 2048): (10, 9),  # 16 tiles along N, 8 along M: at most twice as many
         (1000, 4096, 1160): (10, 9),  # tests/test_fused_gpu.py's ONE_WAVE_X: 80 tiles, 104 of 128x96
@@ -205,7 +205,8 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (384, 8192, 4096): (6, 1),  # 96 tiles, 3 along M: row 4's 2x1 cluster would pad (TF32: its stream-K row)
         (1152, 8192, 1536): (10, 9),  # 108 tiles, 9 along M: row 4's cluster would pad, the 1x2 one not
         (384, 4096, 4096): (2, 1),  # the same at K = 4096: no stream-K row there
-        (4096, 2048, 512): (4, 4),  # 128 tiles at K = 2048
+        (4096, 2048, 512): (10, 9),  # 128 tiles at K = 2048
+        (4096, 512, 512): (10, 9),  # and at K = 512
         (4096, 1024, 1024): (2, 2),  # 256 tiles, short K
         (4096, 1025, 1024): (0, 0),  # the same, K past short
         (16384, 8192, 512): (1, 1),  # N <= 1024 with K > 4096: x read half as often (TF32 128x256, 16-bit c1x2)
@@ -259,7 +260,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (16896, 512, 2048): (7, 6),
         (17024, 512, 2048): (7, 6),
         (2048, 1024, 8192): (7, 6),  # 16-bit: not the 1x2-cluster row either
-        (1024, 512, 2048): (4, 4),  # 128 tiles: under a wave, the one-wave row as with statistics
+        (1024, 512, 2048): (10, 9),  # 128 tiles: under a wave, the one-wave row as with statistics
         (1024, 256, 1536): (2, 2),  # 96 tiles, K < 512
         (1024, 1024, 1024): (3, 3),  # 64 tiles: the small rows as with statistics
     }
@@ -278,7 +279,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (16384, 1536, 4096): (7, 0),  # K < 2048
         (16384, 8192, 512): (1, 8),  # N <= 1024 with K > 4096: TF32 row 1, 16-bit the 256x128 row
         (8192, 8192, 1024): (1, 8),
-        (1024, 2048, 2048): (4, 4),  # 128 tiles: the one-wave row
+        (1024, 2048, 2048): (10, 9),  # 128 tiles: the one-wave row
     })  # fmt: skip
     for (M, K, N), (tf32_row, half_row) in {**without_statistics, **short_k_without_statistics}.items():
         expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row

@@ -131,10 +131,9 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape. The clauses, in order (the numbers behind each: perf/NOTES.md, "The configuration tables' evidence"):
 // - small problems, counted in 128x128 tiles: 64x64 tiles up to 32 of them, or 64 with K <= 1024;
 // - under a wave with K >= 512: TF32 up to 64 tiles with K > 4096 its stream-K row; 49-64 tiles the 64x128 pair row;
-//   else the most of one wave: cooperative 128x96 where it fills over half a wave (c1x2 from K = 2048 where W's tiles
-//   are read in step, else c2x1) and its cluster pads nothing, the 64x128 row up to 64 tiles, cooperative 128x128
-//   (c1x2 from K = 4096 where W's tiles are read in step, else c2x1) where its cluster pads nothing, else TF32's
-//   stream-K row past K = 4096;
+//   else the most of one wave: cooperative 128x96 where it fills over half a wave, the 64x128 row up to 64 tiles,
+//   cooperative 128x128; each with x multicast (c1x2) where W's tiles are read in step, else W's (c2x1), where its
+//   cluster pads nothing; else TF32's stream-K row past K = 4096;
 // - launches without partials past a wave at K <= 1024, and TF32's wherever it would take row 0: row 0's tile without
 //   the statistics node, whose per-value work costs time even where it is idle;
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
@@ -179,15 +178,14 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     // 49-64 tiles (TF32 up to K = 4096): 64x128 tiles sharing W's loads in pairs, half the L2 reads of W (v30).
     if (tiles > 48 && tiles <= 64 && !pads(narrow_pair)) return narrow_pair;
     if (tiles <= 64) return narrow_wave ? kOneWave96 : kNarrow;
-    // x multicast instead of W where W's tiles are read in step (w_read_in_step): 128x96 tiles from K = 2048, 128x128
-    // ones from K = 4096 (the shortest K each was measured at: v47, v50).
+    // x multicast instead of W wherever W's tiles are read in step (w_read_in_step; at K = 512 to 8192: v47, v50).
     if (narrow_fills && (N % narrow.tile_n == 0 || K < kLongK)) {
       const int x_row = tf32 ? kTf32OneWave96X : kHalfOneWave96X;
-      if (K >= kWideTileK && w_read_in_step(narrow, M, N) && !pads(x_row)) return x_row;
+      if (w_read_in_step(narrow, M, N) && !pads(x_row)) return x_row;
       if (narrow_wave) return kOneWave96;
     }
     const int one_wave_x = tf32 ? kTf32OneWaveX : kHalfOneWaveX;
-    if (K >= kLongK && w_read_in_step(config_at(operands, one_wave_x), M, N) && !pads(one_wave_x)) return one_wave_x;
+    if (w_read_in_step(config_at(operands, one_wave_x), M, N) && !pads(one_wave_x)) return one_wave_x;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }

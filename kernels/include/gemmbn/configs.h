@@ -59,10 +59,10 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   one tile; ping-pong leaves one idle there) on a 2x1 cluster where it pads nothing: 128x96 ones where they fill
 //   more than half a wave (more SMs busy, each with 3/4 of a 128x128 tile's work), else 128x128 past 64 tiles; TF32's
 //   stream-K row where the cluster would pad (rows 4-6: perf/NOTES.md v20, v21; the 128x256 stream-K rows and 16-bit's
-//   128x128 one never won); the same tiles with x multicast instead of W (128x128: TF32 row 10, 16-bit row 9 from
-//   K = 4096; 128x96: TF32 row 11, 16-bit row 10 from K = 2048) where W's tiles have at least half as many readers as
-//   x's: every M tile reads W's tiles in step, so L2's request coalescer merges their unicast loads, and the multicast
-//   halves x's (perf/NOTES.md v47, v48, v50);
+//   128x128 one never won); the same tiles with x multicast instead of W (128x128: TF32 row 10, 16-bit row 9; 128x96:
+//   TF32 row 11, 16-bit row 10) where W's tiles have at least half as many readers as x's: every M tile reads W's
+//   tiles in step, so L2's request coalescer merges their unicast loads, and the multicast halves x's (perf/NOTES.md
+//   v47, v48, v50);
 // - wider ping-pong epilogue subtiles spill (the moments node holds the subtile beside the accumulators);
 // - launches without partials (eval, the training forward with its statistics from y) take row 0 without the moments
 //   node at short K (and TF32 wherever row 0 runs): the node's per-value work is what the ping-pong epilogue cannot
