@@ -71,10 +71,9 @@
 #                     back and synchronized, at GEMMBN_AB_SIZES (default: the local walk's shapes, few partials per
 #                     column) in GEMMBN_AB_CONFIGS (default tf32,bf16)
 #   multi-wave-x      the one-wave 128x128 row with x multicast (TF32 row 10, 16-bit 9) past a wave, where training
-#                     takes row 0 with the node (perf/NOTES.md v50: at 65536x4096->4096 TF32 row 10 ran 16-23% faster
-#                     than row 0 in `clocks`): tune_gemm with the node over rows 0, 4 and the x row, then the TF32
-#                     training forward by the rule against GEMMBN_STATISTICS_ROW=10, two rounds (sizes by
-#                     GEMMBN_MULTI_WAVE_SIZES)
+#                     takes row 0 with the node (perf/NOTES.md v50: `clocks` had it ahead there): tune_gemm with the
+#                     node over rows 0, 4 and the x row in two orders, then the TF32 training forward by the rule
+#                     against GEMMBN_STATISTICS_ROW=10, two rounds (sizes by GEMMBN_MULTI_WAVE_SIZES)
 #   profile-split     Nsight Compute on the split GEMM (perf/ncu/profile.sh --split): details and SASS pages
 #   profile-short-k   Nsight Compute on the bf16 GEMM at 16384x512->8192 with and without the statistics node
 #                     (the short-K shapes' cost), plus tune_gemm.py there over every tile order
@@ -359,7 +358,8 @@ for name in $steps; do
       size_args "$sizes"
       for run in "float32 0,4,10" "bfloat16 0,4,9"; do
         read -r dtype rows <<< "$run"
-        timeout $(limit 120) python3 perf/tune_gemm.py --dtypes "$dtype" --rows "$rows" --rasters 0 --swizzles 0 \
+        # raster 0 is the heuristic order (rows 0 and 4's), 1 along M (the x row's)
+        timeout $(limit 120) python3 perf/tune_gemm.py --dtypes "$dtype" --rows "$rows" --rasters 0,1 --swizzles 0 \
           --iters 20 "${size_args[@]}" --out "$out/tune-multi-wave-x-$dtype.csv" 2>&1 \
           | tee "$out/tune-multi-wave-x-$dtype.txt" | awk '/:/{c=0} {c++; if (c<=7) print}'
       done
