@@ -131,9 +131,9 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // Row by shape. The clauses, in order (the numbers behind each: perf/NOTES.md, "The configuration tables' evidence"):
 // - small problems, counted in 128x128 tiles: 64x64 tiles up to 32 of them, or 64 with K <= 1024;
 // - under a wave with K >= 512: TF32 up to 64 tiles with K > 4096 its stream-K row; 49-64 tiles the 64x128 pair row;
-//   else the most of one wave: cooperative 128x96 where it fills over half a wave, the 64x128 row up to 64 tiles,
-//   cooperative 128x128; each with x multicast (c1x2) where W's tiles are read in step, else W's (c2x1), where its
-//   cluster pads nothing; else TF32's stream-K row past K = 4096;
+//   else the most of one wave: cooperative 128x96 where it fills over half a wave, else the 64x128 row up to 64
+//   tiles, else cooperative 128x128; the cooperative rows with x multicast (c1x2) where W's tiles are read in step,
+//   else with W's (c2x1), where the cluster pads nothing; else TF32's stream-K row past K = 4096;
 // - launches without partials past a wave at K <= 1024, and TF32's wherever it would take row 0: row 0's tile without
 //   the statistics node, whose per-value work costs time even where it is idle;
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
