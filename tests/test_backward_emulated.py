@@ -8,7 +8,10 @@ float32 the variant that also writes dz^T with dz's row and column maxima (bit f
 The bounds and their reasons are in that file.
 """
 
+import pytest
 from _emulation import ROOT, build_and_run, cooperative_source, kernels_only
+
+pytestmark = pytest.mark.torch_agnostic  # C++ drivers built apart: no torch code runs
 
 KERNELS = ROOT / "kernels" / "src"
 

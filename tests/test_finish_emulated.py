@@ -17,6 +17,8 @@ import subprocess
 import pytest
 from _emulation import ROOT, build, cooperative_source, kernels_only, run_cases
 
+pytestmark = pytest.mark.torch_agnostic  # C++ drivers built apart: no torch code runs
+
 FLOW_GAVE_UP_EXIT = 86  # tile_flow.h kFlowGaveUpExit: the emulated walk's exit where the GPU's traps
 
 

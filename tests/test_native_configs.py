@@ -330,6 +330,7 @@ def test_statistics_source_override(monkeypatch):
         assert not debug.train_statistics_from_y(dtype, 16384, 8192, 512, split)
 
 
+@pytest.mark.torch_agnostic  # the rule's switches, read in C++; ~75 s of fresh processes
 def test_row_overrides_take_their_own_launches_only():
     """GEMMBN_PLAIN_ROW / GEMMBN_STATISTICS_ROW (read once per process, so checked in fresh ones): a row of a table
     without / with the statistics node (and without stream-K) replaces that table's rule for launches without / with

@@ -3,7 +3,10 @@ runs them: split_columns' column maxima and tiled split against split_weight's k
 row_scales's split of x against split_weight's kernel on x, bit for bit (tests/emulation/split_columns_emulated.cpp
 has the cases). The GPU tests check the same on the device."""
 
+import pytest
 from _emulation import ROOT, build_and_run, kernels_only
+
+pytestmark = pytest.mark.torch_agnostic  # C++ drivers built apart: no torch code runs
 
 KERNELS = ROOT / "kernels" / "src"
 
