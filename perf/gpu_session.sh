@@ -67,9 +67,9 @@
 #                     tile, there; at K <= 1024 row 9 lost to row 7 in v45's tune): rows 1, 7 and 9, the rule
 #                     against GEMMBN_PLAIN_ROW=9
 #   build-ab          two carried builds' training forwards (GEMMBN_AB_BUILDS="DIR_A DIR_B", folders each holding an
-#                     _operators.so, such as under the ignored perf/results/raw/), perf/ab.sh, three rounds, back to
-#                     back and synchronized, at GEMMBN_AB_SIZES (default: the local walk's shapes, few partials per
-#                     column) in GEMMBN_AB_CONFIGS (default tf32,bf16)
+#                     _operators.so, such as under the ignored perf/results/raw/; or switches, perf/ab.sh's
+#                     NAME:VAR=VALUE sides), perf/ab.sh, three rounds, back to back and synchronized, at GEMMBN_AB_SIZES
+#                     (default: the local walk's shapes, few partials per column) in GEMMBN_AB_CONFIGS (tf32,bf16)
 #   multi-wave-x      the one-wave 128x128 row with x multicast (TF32 row 10, 16-bit 9) past a wave, where training
 #                     takes row 0 with the node (perf/NOTES.md v50: `clocks` had it ahead there): tune_gemm with the
 #                     node over rows 0, 4 and the x row in two orders, then the TF32 training forward by the rule
@@ -350,7 +350,8 @@ for name in $steps; do
         "16384 8192 512;16384 8192 1024;8192 8192 1024;65536 8192 512" ;;
     build-ab)
       read -r -a builds <<< "${GEMMBN_AB_BUILDS:-}"
-      ((${#builds[@]} == 2)) || { echo "build-ab: GEMMBN_AB_BUILDS must name two build folders"; continue; }
+      ((${#builds[@]} == 2)) \
+        || { echo "build-ab: GEMMBN_AB_BUILDS must name two sides (build folders or NAME:VAR=VALUE)"; continue; }
       bench_ab_both_methods build-ab 240 3 "${builds[@]}" -- --sizes "${GEMMBN_AB_SIZES:-$local_sizes}" \
         --configs "${GEMMBN_AB_CONFIGS:-tf32,bf16}" --providers gemmbn,eager --no-compile --iters 30 ;;
     multi-wave-x)

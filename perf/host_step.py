@@ -1,7 +1,7 @@
 """Host time of a training step, piece by piece: where a host-bound step (small shapes) spends its CPU time.
 
     python perf/host_step.py [--size M K N] [--config fp32|tf32|bf16|fp16] [--providers gemmbn,eager]
-                             [--modes fwd_bwd,step] [--steps 60]
+                             [--modes fwd_bwd,step] [--steps 60] [--profile]
 
 Per provider and mode (perf/train_step.py's models, step and modes: `step` adds its SGD-with-momentum update):
 - back to back: host microseconds per step (the loop's time before the final synchronize) and wall time per step;
@@ -13,7 +13,9 @@ Per provider and mode (perf/train_step.py's models, step and modes: `step` adds 
   after every update of W, so once a step in `step` mode and never in `fwd_bwd`), medians per call, within those
   synchronized steps.
 Wall-clock timing (time.perf_counter), no profiler: torch.profiler's per-op times on a slow host were skewed by its
-first profiled step (perf/NOTES.md v17).
+first profiled step (perf/NOTES.md v17). --profile adds, per provider and mode, torch.profiler's CPU ops over the same
+synchronized steps after warm-up steps (self and total host time per step, most first): which op a mode's extra
+host time sits in, where the wall-clock medians only say which call.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main() -> None:
     parser.add_argument("--providers", default="gemmbn,eager")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--profile", action="store_true", help="also torch.profiler's CPU ops per step")
     args = parser.parse_args()
     M, K, N = args.size
     models, x, dout = _problem(M, K, N, args.config, args.providers.split(","))
@@ -81,7 +84,8 @@ def main() -> None:
                   f"{1e6 * wall / args.steps:.1f} wall per step")  # fmt: skip
             calls.clear()
             forward, backward_, update = [], [], []
-            for _ in range(args.steps):
+
+            def synchronized_step() -> None:
                 module.zero_grad(set_to_none=True)
                 x.grad = None
                 torch.cuda.synchronize()
@@ -95,11 +99,35 @@ def main() -> None:
                     update.append(time.perf_counter() - t2)
                 forward.append(t1 - t0)
                 backward_.append(t2 - t1)
+
+            for _ in range(args.steps):
+                synchronized_step()
             torch.cuda.synchronize()
             print(f"  synchronized: forward {_median_us(forward)}, backward {_median_us(backward_)}"
                   + (f", optimizer step {_median_us(update)}" if update else ""))  # fmt: skip
             for label, times in sorted(calls.items()):
                 print(f"    {label:40s} {_median_us(times):>8s} per call, {len(times) / args.steps:g} calls per step")
+            if args.profile:
+                _profile(synchronized_step, args.steps)
+
+
+def _profile(synchronized_step, steps: int) -> None:
+    """torch.profiler's CPU ops over `steps` synchronized steps, after 3 unrecorded warm-up steps (perf/NOTES.md v17:
+    the first profiled step skews the rest), per step, most self time first."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    cycles = []  # the profiler clears its events when the active steps end: take them then
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=3, active=steps),
+                 on_trace_ready=lambda prof: cycles.append(prof.key_averages())) as prof:  # fmt: skip
+        for _ in range(3 + steps):
+            synchronized_step()
+            prof.step()
+    torch.cuda.synchronize()
+    events = sorted(cycles[0] if cycles else [], key=lambda e: e.self_cpu_time_total, reverse=True)
+    print(f"    torch.profiler, per step over {steps} steps: self us, total us, calls, op")
+    for event in events[:24]:
+        print(f"    {event.self_cpu_time_total / steps:9.1f} {event.cpu_time_total / steps:9.1f} "
+              f"{event.count / steps:6g}  {event.key}")
 
 
 if __name__ == "__main__":
