@@ -91,6 +91,7 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 14: row 4 with 128x16 subtiles: 6 stages, not 5
     // 15: the 64x128 pair (row 8) with x multicast, along M: it won only where W's tiles had 8x x's readers (v50)
     {64, 128, 32, 1, 2, 32, 1, 1, 8},
+    {128, 128, 32, 2, 2, 32, 1, 0, 8, 1, 0, 0},  // 16: row 7 on a 2x2 cluster (both operands multicast; v37, v51)
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
@@ -109,6 +110,7 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 11: row 6 with 32-column subtiles
     {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 12: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
     {64, 128, 64, 1, 2, 32, 1, 1, 8},            // 13: row 7 with x multicast, along M (TF32 row 15's: v50)
+    {128, 128, 64, 2, 2, 64, 1, 0, 8, 1, 0, 0},  // 14: row 6 on a 2x2 cluster (both operands multicast; v37, v51)
 #endif
 };
 
