@@ -111,15 +111,15 @@ def main() -> None:
                 _profile(synchronized_step, args.steps)
 
 
-def _profile(synchronized_step, steps: int) -> None:
-    """torch.profiler's CPU ops over `steps` synchronized steps, after 3 unrecorded warm-up steps (perf/NOTES.md v17:
-    the first profiled step skews the rest), per step, most self time first."""
+def _profile(synchronized_step, steps: int, warmup: int = 3) -> None:
+    """torch.profiler's CPU ops over `steps` synchronized steps, after `warmup` unrecorded ones (perf/NOTES.md v17: the
+    first profiled step skews the rest), per step, most self time first."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     cycles = []  # the profiler clears its events when the active steps end: take them then
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=3, active=steps),
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=warmup, active=steps),
                  on_trace_ready=lambda prof: cycles.append(prof.key_averages())) as prof:  # fmt: skip
-        for _ in range(3 + steps):
+        for _ in range(warmup + steps):
             synchronized_step()
             prof.step()
     torch.cuda.synchronize()
