@@ -159,6 +159,8 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   const int narrow_pair = tf32 ? 8 : 7;  // 64x128 tiles in 2x1 clusters
   const int64_t tiles = tiles_128(M, N);
   const auto pads = [&](int row) { return cluster_pads(config_at(operands, row), M, N); };
+  // An x-multicast row pays where W's tiles are read in step and its cluster pads nothing (v47, v50).
+  const auto x_multicast_pays = [&](int row) { return w_read_in_step(config_at(operands, row), M, N) && !pads(row); };
   if (operands == GemmOperands::f32_split) {
     if (tiles < kWave && !short_k) return kSplitStreamK;
     if (const int forced = forced_split_row(); forced >= 0) return forced;
@@ -181,11 +183,11 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
     // x multicast instead of W wherever W's tiles are read in step (w_read_in_step; at K = 512 to 8192: v47, v50).
     if (narrow_fills && (N % narrow.tile_n == 0 || K < kLongK)) {
       const int x_row = tf32 ? kTf32OneWave96X : kHalfOneWave96X;
-      if (w_read_in_step(narrow, M, N) && !pads(x_row)) return x_row;
+      if (x_multicast_pays(x_row)) return x_row;
       if (narrow_wave) return kOneWave96;
     }
     const int one_wave_x = tf32 ? kTf32OneWaveX : kHalfOneWaveX;
-    if (w_read_in_step(config_at(operands, one_wave_x), M, N) && !pads(one_wave_x)) return one_wave_x;
+    if (x_multicast_pays(one_wave_x)) return one_wave_x;
     if (!pads(kOneWave)) return kOneWave;
     if (tf32 && K > kLongK) return kStreamK;
   }
