@@ -149,11 +149,15 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert layout(rows[wide_tile]) == (256, 128, 0, 1, 2) and rows[wide_tile]["statistics"] == 0
         # TF32's with 128x16 epilogue subtiles: fp32 y's 128x32 ones left its mainloop 3 stages, these 4 (v45)
         assert rows[wide_tile]["epilogue_n"] == (16 if tf32 else 0)
-        # Rows 4 and 5 with x multicast instead of W, their tiles along M (v47, v50). The experimental rows of CMake
-        # GEMMBN_EXPERIMENT_ROWS=ON follow.
+        # Rows 4 and 5 with x multicast instead of W, their tiles along M (v47, v50).
         for one_wave_x, tile_n in ((wide_tile + 1, 128), (wide_tile + 2, 96)):
             assert layout(rows[one_wave_x]) == (128, tile_n, 0, 1, 2) and rows[one_wave_x]["statistics"] == 1
             assert rows[one_wave_x]["raster"] == 1 and rows[one_wave_x]["stream_k"] == 0
+        # Row 0's tile without the node on a 2x2 cluster (TF32 row 12, 16-bit row 11): tall outputs' launches without
+        # partials at 512 < K <= 1024 (v52). The experimental rows of CMake GEMMBN_EXPERIMENT_ROWS=ON follow.
+        tall = wide_tile + 3
+        assert layout(rows[tall]) == (128, 128, 1, 2, 2) and rows[tall]["statistics"] == 0
+        assert rows[tall]["epilogue_n"] == rows[without]["epilogue_n"] and rows[tall]["raster"] == 0
         assert all(r["statistics"] for r in rows[:without])
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
@@ -245,12 +249,23 @@ def test_selection_follows_the_measured_rule(dtype, split):
         return 0 if N < 768 else 3 if -(-M // 128) % 2 else 2
     # Launches without partials (eval, the training forward with its statistics from y): K <= 1024 from a wave of
     # tiles up takes row 0's tile without the statistics node (TF32 row 7, 16-bit row 6) instead of the 64x128 row or
-    # row 0, and TF32 takes row 7 wherever it would take row 0; elsewhere the same rows.
+    # row 0, on a 2x2 cluster (TF32 row 12, 16-bit row 11) at 512 < K <= 1024 from M = 32768 with N <= 2048 where
+    # that cluster pads nothing (v52); TF32 takes row 7 wherever it would take row 0; elsewhere the same rows.
     short_k_without_statistics = {
         (4096, 1024, 1024): (7, 6),  # 256 tiles: not the 64x128 row
         (4352, 1024, 1024): (7, 6),
-        (16384, 1024, 1024): (7, 6),
-        (65536, 1024, 1024): (7, 6),
+        (16384, 1024, 1024): (7, 6),  # M < 32768: not the 2x2 cluster (a tie in TF32, a loss in bf16)
+        (32640, 1024, 1024): (7, 6),
+        (32768, 1024, 1024): (12, 11),  # tall: the 2x2 cluster
+        (65536, 1024, 1024): (12, 11),
+        (65536, 768, 1024): (12, 11),
+        (65536, 1024, 2048): (12, 11),
+        (131072, 1024, 512): (12, 11),
+        (32900, 1000, 1000): (12, 11),  # ragged: 258 tiles along M, 8 along N
+        (65536, 512, 1024): (7, 6),  # K = 512
+        (65536, 1024, 2176): (7, 6),  # N > 2048
+        (32896, 1024, 1024): (7, 6),  # 257 tiles along M: the 2x2 cluster would pad
+        (65536, 1024, 1152): (7, 6),  # 9 tiles along N: the same
         (4096, 1024, 4096): (7, 6),
         (4224, 1024, 4096): (7, 6),
         (4352, 1024, 4096): (7, 6),

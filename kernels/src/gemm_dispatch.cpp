@@ -43,6 +43,9 @@ static_assert(config_at(GemmOperands::tf32, kTf32WideTile).tile_m == 256 &&
 // The one-wave cooperative rows with x multicast (a 1x2 cluster) instead of W: 128x128 tiles (row 4's: TF32 row 10,
 // 16-bit 9) and 128x96 ones (row 5's: TF32 row 11, 16-bit 10).
 constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalfOneWave96X = 10;
+// Row 0's tile without the statistics node on a 2x2 cluster, x and W both multicast (TF32 row 12, 16-bit 11), for
+// launches without partials on tall outputs at 512 < K <= 1024: from kTallM rows with N <= kTallN (perf/NOTES.md v52).
+constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallM = 32768, kTallN = 2048;
 constexpr bool one_wave_x_row(GemmOperands operands, int row, int tile_n) {
   return config_at(operands, row).cluster_n == 2 && config_at(operands, row).pingpong == 0 &&
          config_at(operands, row).tile_n == tile_n && config_at(operands, row).statistics == 1;
@@ -52,6 +55,12 @@ static_assert(one_wave_x_row(GemmOperands::tf32, kTf32OneWaveX, 128) &&
                   one_wave_x_row(GemmOperands::tf32, kTf32OneWave96X, 96) &&
                   one_wave_x_row(GemmOperands::bf16, kHalfOneWave96X, 96),
               "configs.h's one-wave rows with x multicast: TF32 rows 10 and 11, 16-bit rows 9 and 10");
+constexpr bool tall_row(GemmOperands operands, int row) {
+  const TileConfig& c = config_at(operands, row);
+  return c.tile_m == 128 && c.tile_n == 128 && c.cluster_m == 2 && c.cluster_n == 2 && c.statistics == 0;
+}
+static_assert(tall_row(GemmOperands::tf32, kTf32TallRow) && tall_row(GemmOperands::bf16, kHalfTallRow),
+              "configs.h's 2x2-cluster rows without the statistics node: TF32 row 12, 16-bit row 11");
 // Whether a row's grid has at most twice as many tiles along N (readers of each x tile) as along M (readers of each W
 // tile): one wave's M tiles then read W's tiles in step, L2's request coalescer merges those unicast loads, and
 // multicasting x saves more than multicasting W (perf/NOTES.md v47, v50).
@@ -135,7 +144,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 //   tiles, else cooperative 128x128; the cooperative rows with x multicast (c1x2) where W's tiles are read in step,
 //   else with W's (c2x1), where the cluster pads nothing; else TF32's stream-K row past K = 4096;
 // - launches without partials past a wave at K <= 1024, and TF32's wherever it would take row 0: row 0's tile without
-//   the statistics node, whose per-value work costs time even where it is idle;
+//   the statistics node, whose per-value work costs time even where it is idle; on a 2x2 cluster (x and W both
+//   multicast) at 512 < K <= 1024 from M = 32768 with N <= 2048, where the cluster pads nothing;
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns), but for 16-bit launches without
@@ -193,7 +203,11 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   }
   if (const int forced = forced_row(operands, statistics); forced >= 0) return forced;
   const int wide = statistics ? kWide : first_row_without_statistics(operands);
-  if (!statistics && short_k && tiles >= kWave) return wide;
+  if (!statistics && short_k && tiles >= kWave) {
+    // Tall outputs at 512 < K <= 1024: multicasting W as well as x cut the forward by 2-10% (perf/NOTES.md v52).
+    const int tall = tf32 ? kTf32TallRow : kHalfTallRow;
+    return K > kShorterK && M >= kTallM && N <= kTallN && !pads(tall) ? tall : wide;
+  }
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
   // Short K with more tiles, statistics on (launches without took their row above): the epilogue dominates and the
   // 64x128 row's one subtile row per tile takes the butterfly lane merge.

@@ -68,8 +68,9 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   node at short K (and TF32 wherever row 0 runs): the node's per-value work is what the ping-pong epilogue cannot
 //   hide there, and without it 16-bit's 64-column subtiles fit (perf/NOTES.md v23, v24); from K = 2048 both take
 //   cuBLAS's cooperative 256x128 tile with x multicast (one operand tile loaded per 128x128 step against row 0's
-//   1.5; with the node it lost: perf/NOTES.md v43, v44). Such rows (statistics = 0) refuse partials; CMake
-//   GEMMBN_EXPERIMENT_ROWS=ON adds experimental rows that no rule picks.
+//   1.5; with the node it lost: perf/NOTES.md v43, v44); tall outputs at 512 < K <= 1024 that row's tile on a 2x2
+//   cluster, x and W both multicast (TF32 row 12, 16-bit 11; perf/NOTES.md v52). Such rows (statistics = 0) refuse
+//   partials; CMake GEMMBN_EXPERIMENT_ROWS=ON adds experimental rows that no rule picks.
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
     {128, 256, 32, 1, 1, 16, 0, 0, 8},  // 1: cooperative 128x256, 128x16 epilogue subtile (4 stages, not 3)
@@ -85,13 +86,13 @@ inline constexpr TileConfig kTf32Configs[] = {
     {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 0},
     {128, 128, 32, 1, 2, 32, 0, 1, 8},  // 10: row 4 with x multicast, along M (one wave, W's tiles read in step: v47)
     {128, 96, 32, 1, 2, 32, 0, 1, 8},   // 11: row 5 with x multicast, along M (the same for 128x96 tiles: v50)
+    {128, 128, 32, 2, 2, 32, 1, 0, 8, 1, 0, 0},  // 12: row 7 on a 2x2 cluster, both operands multicast (tall, v52)
 #if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45, v48, v50): picked by no rule
-    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 12: row 7, 64-column epilogue subtiles
-    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 13: cooperative 128x256 without the node, W multicast, 4 stages
-    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 14: row 4 with 128x16 subtiles: 6 stages, not 5
-    // 15: the 64x128 pair (row 8) with x multicast, along M: it won only where W's tiles had 8x x's readers (v50)
+    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 13: row 7, 64-column epilogue subtiles
+    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 14: cooperative 128x256 without the node, W multicast, 4 stages
+    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 15: row 4 with 128x16 subtiles: 6 stages, not 5
+    // 16: the 64x128 pair (row 8) with x multicast, along M: it won only where W's tiles had 8x x's readers (v50)
     {64, 128, 32, 1, 2, 32, 1, 1, 8},
-    {128, 128, 32, 2, 2, 32, 1, 0, 8, 1, 0, 0},  // 16: row 7 on a 2x2 cluster (both operands multicast; v37, v51)
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
@@ -106,11 +107,11 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {256, 128, 64, 1, 2, 0, 0, 0, 8, 1, 0, 0},   // 8: cooperative 256x128 without the node, x multicast (cuBLAS's tile)
     {128, 128, 64, 1, 2, 32, 0, 1, 8},           // 9: row 4 with x multicast, along M (one wave, W read in step: v47)
     {128, 96, 64, 1, 2, 32, 0, 1, 8},            // 10: row 5 with x multicast, along M (TF32 row 11's: v50)
+    {128, 128, 64, 2, 2, 64, 1, 0, 8, 1, 0, 0},  // 11: row 6 on a 2x2 cluster, both operands multicast (tall, v52)
 #if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v48, v50): picked by no rule
-    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 11: row 6 with 32-column subtiles
-    {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 12: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
-    {64, 128, 64, 1, 2, 32, 1, 1, 8},            // 13: row 7 with x multicast, along M (TF32 row 15's: v50)
-    {128, 128, 64, 2, 2, 64, 1, 0, 8, 1, 0, 0},  // 14: row 6 on a 2x2 cluster (both operands multicast; v37, v51)
+    {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 12: row 6 with 32-column subtiles
+    {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 13: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
+    {64, 128, 64, 1, 2, 32, 1, 1, 8},            // 14: row 7 with x multicast, along M (TF32 row 16's: v50)
 #endif
 };
 
