@@ -204,7 +204,8 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   if (const int forced = forced_row(operands, statistics); forced >= 0) return forced;
   const int wide = statistics ? kWide : first_row_without_statistics(operands);
   if (!statistics && short_k && tiles >= kWave) {
-    // Tall outputs at 512 < K <= 1024: multicasting W as well as x cut the forward by 2-10% (perf/NOTES.md v52).
+    // Tall outputs at 512 < K <= 1024: multicasting W as well as x took 1-10% off eval and 0-7% off the training
+    // forward on an H100 (perf/NOTES.md v52).
     const int tall = tf32 ? kTf32TallRow : kHalfTallRow;
     return K > kShorterK && M >= kTallM && N <= kTallN && !pads(tall) ? tall : wide;
   }
