@@ -249,20 +249,21 @@ def test_selection_follows_the_measured_rule(dtype, split):
         return 0 if N < 768 else 3 if -(-M // 128) % 2 else 2
     # Launches without partials (eval, the training forward with its statistics from y): K <= 1024 from a wave of
     # tiles up takes row 0's tile without the statistics node (TF32 row 7, 16-bit row 6) instead of the 64x128 row or
-    # row 0, on a 2x2 cluster (TF32 row 12, 16-bit row 11) at 512 < K <= 1024 with N <= 4096 from M = 16384, from 2048
-    # tiles or M = 65536, where that cluster pads nothing (v52, v53); TF32 takes row 7 wherever it would take row 0;
-    # elsewhere the same rows.
+    # row 0, on a 2x2 cluster (TF32 row 12, 16-bit row 11) at 512 < K <= 1024 with N <= 4096 from M = 16384 (16-bit:
+    # 32768), from 2048 tiles or M = 65536, where that cluster pads nothing (v52, v53); TF32 takes row 7 wherever it
+    # would take row 0; elsewhere the same rows.
     short_k_without_statistics = {
         (4096, 1024, 1024): (7, 6),  # 256 tiles: not the 64x128 row
         (4352, 1024, 1024): (7, 6),
         (16384, 1024, 1024): (7, 6),  # 1024 tiles: not the 2x2 cluster (a tie in TF32, a loss in bf16)
         (32640, 1024, 1024): (7, 6),  # 2040 tiles
         (32768, 1024, 1024): (12, 11),  # 2048 tiles: the 2x2 cluster
-        (16384, 1024, 2048): (12, 11),
-        (16384, 1024, 4096): (12, 11),
+        (16384, 1024, 2048): (12, 6),  # 16-bit: M < 32768 (level to 2% behind)
+        (16384, 1024, 4096): (12, 6),
+        (24576, 1024, 2048): (12, 6),
         (32768, 1024, 4096): (12, 11),
         (8192, 1024, 4096): (7, 6),  # 2048 tiles, but M < 16384
-        (16384, 1024, 4352): (7, 6),  # N > 4096
+        (32768, 1024, 4352): (7, 6),  # N > 4096
         (32768, 1024, 256): (7, 6),  # 512 tiles (a tie in TF32, a loss in bf16)
         (65536, 1024, 256): (12, 11),  # M = 65536: the 2x2 cluster from N = 256
         (65536, 1024, 1024): (12, 11),

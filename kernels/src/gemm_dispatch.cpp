@@ -44,9 +44,10 @@ static_assert(config_at(GemmOperands::tf32, kTf32WideTile).tile_m == 256 &&
 // 16-bit 9) and 128x96 ones (row 5's: TF32 row 11, 16-bit 10).
 constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalfOneWave96X = 10;
 // Row 0's tile without the statistics node on a 2x2 cluster, x and W both multicast (TF32 row 12, 16-bit 11), for
-// launches without partials at 512 < K <= 1024 with N <= kTallN, from kTallMinM rows: from kTallTiles 128x128 tiles, or
-// from kTallM rows (perf/NOTES.md v52, v53).
-constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallMinM = 16384, kTallM = 65536, kTallN = 4096, kTallTiles = 2048;
+// launches without partials at 512 < K <= 1024 with N <= kTallN, from kTf32TallMinM / kHalfTallMinM rows: from kTallTiles
+// 128x128 tiles, or from kTallM rows (perf/NOTES.md v52, v53).
+constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallM = 65536, kTallN = 4096, kTallTiles = 2048;
+constexpr int kTf32TallMinM = 16384, kHalfTallMinM = 32768;
 constexpr bool one_wave_x_row(GemmOperands operands, int row, int tile_n) {
   return config_at(operands, row).cluster_n == 2 && config_at(operands, row).pingpong == 0 &&
          config_at(operands, row).tile_n == tile_n && config_at(operands, row).statistics == 1;
@@ -206,10 +207,10 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   const int wide = statistics ? kWide : first_row_without_statistics(operands);
   if (!statistics && short_k && tiles >= kWave) {
     // Large outputs at 512 < K <= 1024: multicasting W as well as x took 1-10% off eval and 0-7% off the training
-    // forward on an H100 from 2048 tiles and at M = 65536 down to N = 256 (bf16 level at M = 16384); it tied or lost
-    // at 1024 tiles and fewer with M <= 32768, and in bf16 at M = 8192 (perf/NOTES.md v52, v53).
-    const int tall = tf32 ? kTf32TallRow : kHalfTallRow;
-    const bool large = M >= kTallMinM && N <= kTallN && (M >= kTallM || tiles >= kTallTiles);
+    // forward on an H100 from 2048 tiles (TF32 from M = 16384, 16-bit from 32768: level to 2% behind below) and at
+    // M = 65536 down to N = 256; it tied or lost at 1024 tiles and fewer with M <= 32768 (perf/NOTES.md v52, v53).
+    const int tall = tf32 ? kTf32TallRow : kHalfTallRow, tall_min_m = tf32 ? kTf32TallMinM : kHalfTallMinM;
+    const bool large = M >= tall_min_m && N <= kTallN && (M >= kTallM || tiles >= kTallTiles);
     return K > kShorterK && large && !pads(tall) ? tall : wide;
   }
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
