@@ -44,8 +44,8 @@ static_assert(config_at(GemmOperands::tf32, kTf32WideTile).tile_m == 256 &&
 // 16-bit 9) and 128x96 ones (row 5's: TF32 row 11, 16-bit 10).
 constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalfOneWave96X = 10;
 // Row 0's tile without the statistics node on a 2x2 cluster, x and W both multicast (TF32 row 12, 16-bit 11), for
-// launches without partials at 512 < K <= 1024 with N <= kTallN, from kTf32TallMinM / kHalfTallMinM rows: from kTallTiles
-// 128x128 tiles, or from kTallM rows (perf/NOTES.md v52, v53).
+// launches without partials at 512 < K <= 1024 with N <= kTallN, from kTf32TallMinM / kHalfTallMinM rows: from
+// kTallTiles 128x128 tiles, or from kTallM rows (perf/NOTES.md v52, v53).
 constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallM = 65536, kTallN = 4096, kTallTiles = 2048;
 constexpr int kTf32TallMinM = 16384, kHalfTallMinM = 32768;
 constexpr bool one_wave_x_row(GemmOperands operands, int row, int tile_n) {
@@ -147,7 +147,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 //   else with W's (c2x1), where the cluster pads nothing; else TF32's stream-K row past K = 4096;
 // - launches without partials past a wave at K <= 1024, and TF32's wherever it would take row 0: row 0's tile without
 //   the statistics node, whose per-value work costs time even where it is idle; on a 2x2 cluster (x and W both
-//   multicast) at 512 < K <= 1024 from M = 32768 with N <= 2048, where the cluster pads nothing;
+//   multicast) at 512 < K <= 1024 with N <= 4096 from 2048 tiles or M = 65536 (M >= 16384 in TF32, 32768 in 16-bit),
+//   where the cluster pads nothing;
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns), but for 16-bit launches without

@@ -68,8 +68,8 @@ inline constexpr int partial_rows(TileConfig const& c) { return c.tile_m; }
 //   node at short K (and TF32 wherever row 0 runs): the node's per-value work is what the ping-pong epilogue cannot
 //   hide there, and without it 16-bit's 64-column subtiles fit (perf/NOTES.md v23, v24); from K = 2048 both take
 //   cuBLAS's cooperative 256x128 tile with x multicast (one operand tile loaded per 128x128 step against row 0's
-//   1.5; with the node it lost: perf/NOTES.md v43, v44); tall outputs at 512 < K <= 1024 that row's tile on a 2x2
-//   cluster, x and W both multicast (TF32 row 12, 16-bit 11; perf/NOTES.md v52). Such rows (statistics = 0) refuse
+//   1.5; with the node it lost: perf/NOTES.md v43, v44); large outputs at 512 < K <= 1024 that row's tile on a 2x2
+//   cluster, x and W both multicast (TF32 row 12, 16-bit 11; perf/NOTES.md v52, v53). Such rows (statistics = 0) refuse
 //   partials; CMake GEMMBN_EXPERIMENT_ROWS=ON adds experimental rows that no rule picks.
 inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 32, 1, 0, 8},  // 0: ping-pong 128x128, W multicast to 2 CTAs
