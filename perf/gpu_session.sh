@@ -70,6 +70,10 @@
 #                     _operators.so, such as under the ignored perf/results/raw/; or switches, perf/ab.sh's
 #                     NAME:VAR=VALUE sides), perf/ab.sh, three rounds, back to back and synchronized, at GEMMBN_AB_SIZES
 #                     (default: the local walk's shapes, few partials per column) in GEMMBN_AB_CONFIGS (tf32,bf16)
+#   tall-clause       the 2x2-cluster clause (perf/NOTES.md v52, v53) on this device: the forward by the rule against
+#                     row 0's tile (GEMMBN_PLAIN_ROW=7 TF32, 6 16-bit), three rounds, both methods, at GEMMBN_TALL_SIZES
+#                     (default: two shapes the clause takes in both precisions, 16384x1024->2048 (TF32 only) and
+#                     16384x1024->1024 (neither: a control, where both sides must tie))
 #   multi-wave-x      the one-wave 128x128 row with x multicast (TF32 row 10, 16-bit 9) past a wave, where training
 #                     takes row 0 with the node (perf/NOTES.md v50: `clocks` had it ahead there): tune_gemm with the
 #                     node over rows 0, 4 and the x row in two orders, then the TF32 training forward by the rule
@@ -354,6 +358,13 @@ for name in $steps; do
         || { echo "build-ab: GEMMBN_AB_BUILDS must name two sides (build folders or NAME:VAR=VALUE)"; continue; }
       bench_ab_both_methods build-ab 240 3 "${builds[@]}" -- --sizes "${GEMMBN_AB_SIZES:-$local_sizes}" \
         --configs "${GEMMBN_AB_CONFIGS:-tf32,bf16}" --providers gemmbn,eager --no-compile --iters 30 ;;
+    tall-clause)
+      for run in "tf32 7" "bf16 6"; do
+        read -r config row <<< "$run"
+        bench_ab_both_methods "tall-clause-$config" 150 3 rule:GEMMBN_AB_SIDE=rule c2x1:GEMMBN_PLAIN_ROW=$row -- \
+          --sizes "${GEMMBN_TALL_SIZES:-65536 1024 1024;32768 1024 4096;16384 1024 2048;16384 1024 1024}" \
+          --configs "$config" --providers gemmbn --no-compile --iters 30
+      done ;;
     multi-wave-x)
       sizes=${GEMMBN_MULTI_WAVE_SIZES:-16384 4096 4096;65536 4096 4096;16384 2048 8192}
       size_args "$sizes"
