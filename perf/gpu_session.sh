@@ -73,7 +73,8 @@
 #   tall-clause       the 2x2-cluster clause (perf/NOTES.md v52, v53) on this device: the forward by the rule against
 #                     row 0's tile (GEMMBN_PLAIN_ROW=7 TF32, 6 16-bit), three rounds, both methods, at GEMMBN_TALL_SIZES
 #                     (default: two shapes the clause takes in both precisions, 16384x1024->2048 (TF32 only) and
-#                     16384x1024->1024 (neither: a control, where both sides must tie))
+#                     16384x1024->1024 (neither: a control, where both sides must tie)); GEMMBN_TALL_ROWS="tf32 12;bf16 11"
+#                     times the 2x2 rows against the rule instead (the clause's edges, outside it)
 #   multi-wave-x      the one-wave 128x128 row with x multicast (TF32 row 10, 16-bit 9) past a wave, where training
 #                     takes row 0 with the node (perf/NOTES.md v50: `clocks` had it ahead there): tune_gemm with the
 #                     node over rows 0, 4 and the x row in two orders, then the TF32 training forward by the rule
@@ -359,9 +360,10 @@ for name in $steps; do
       bench_ab_both_methods build-ab 240 3 "${builds[@]}" -- --sizes "${GEMMBN_AB_SIZES:-$local_sizes}" \
         --configs "${GEMMBN_AB_CONFIGS:-tf32,bf16}" --providers gemmbn,eager --no-compile --iters 30 ;;
     tall-clause)
-      for run in "tf32 7" "bf16 6"; do
+      IFS=';' read -r -a runs <<< "${GEMMBN_TALL_ROWS:-tf32 7;bf16 6}"
+      for run in "${runs[@]}"; do
         read -r config row <<< "$run"
-        bench_ab_both_methods "tall-clause-$config" 150 3 rule:GEMMBN_AB_SIDE=rule c2x1:GEMMBN_PLAIN_ROW=$row -- \
+        bench_ab_both_methods "tall-clause-$config-row$row" 150 3 rule:GEMMBN_AB_SIDE=rule row$row:GEMMBN_PLAIN_ROW=$row -- \
           --sizes "${GEMMBN_TALL_SIZES:-65536 1024 1024;32768 1024 4096;16384 1024 2048;16384 1024 1024}" \
           --configs "$config" --providers gemmbn --no-compile --iters 30
       done ;;
