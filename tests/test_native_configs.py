@@ -250,8 +250,9 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # Launches without partials (eval, the training forward with its statistics from y): K <= 1024 from a wave of
     # tiles up takes row 0's tile without the statistics node (TF32 row 7, 16-bit row 6) instead of the 64x128 row or
     # row 0, on a 2x2 cluster (TF32 row 12, 16-bit row 11) at 512 < K <= 1024 with N <= 4096 from M = 16384 (16-bit:
-    # 32768), from 2048 tiles or M = 65536, where that cluster pads nothing (v52, v53); TF32 takes row 7 wherever it
-    # would take row 0; elsewhere the same rows.
+    # 32768), from 2048 tiles or M = 65536, where that cluster pads nothing (v52, v53), on a device whose DRAM peaks
+    # under 4 TB/s (an H100 SXM's 3352 GB/s; these expectations are for it; v54); TF32 takes row 7 wherever it would
+    # take row 0; elsewhere the same rows.
     short_k_without_statistics = {
         (4096, 1024, 1024): (7, 6),  # 256 tiles: not the 64x128 row
         (4352, 1024, 1024): (7, 6),
@@ -305,11 +306,29 @@ def test_selection_follows_the_measured_rule(dtype, split):
         (8192, 8192, 1024): (1, 8),
         (1024, 2048, 2048): (10, 9),  # 128 tiles: the one-wave row
     })  # fmt: skip
+    # The device fact: the 2x2 cluster only under 4 TB/s of DRAM; an H200 (4915 GB/s), a device at the bound and one
+    # whose bandwidth is unknown (0; also what the default, the current device, reads without a GPU) take row 0's
+    # tile alone there. Checked at both sides of the bound so a flipped comparison fails.
+    tall_row, plain_tall_row = (12, 7) if tf32 else (11, 6)
+    clause_taken = 0  # launches the fact moved (so the check can fail)
+    for dram_gbps in (3352, 3999, 4000, 4915, 0):
+        slow_dram = 0 < dram_gbps < 4000
+        for (M, K, N), (tf32_row, half_row) in {**without_statistics, **short_k_without_statistics}.items():
+            expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
+            if expected == tall_row and not split and not slow_dram:
+                expected = plain_tall_row
+            clause_taken += expected == tall_row and not split
+            chosen = debug.gemm_selected_config(dtype, M, N, K, split, statistics=False, dram_gbps=dram_gbps)
+            assert chosen == expected, (M, K, N, dram_gbps)
+    assert clause_taken == (0 if split else 2 * 11 if tf32 else 2 * 8)  # the dict's tall rows, at 3352 and 3999
+    current_dram = debug.device_dram_gbps()  # 0 without a CUDA device
     for (M, K, N), (tf32_row, half_row) in {**without_statistics, **short_k_without_statistics}.items():
-        expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
+        expected = debug.gemm_selected_config(dtype, M, N, K, split, statistics=False, dram_gbps=current_dram)
         assert debug.gemm_selected_config(dtype, M, N, K, split, statistics=False) == expected, (M, K, N)
         plain_row = (rows[expected]["partial_rows"], rows[expected]["tile_n"])
         assert debug.gemm_config(dtype, M, N, K, -1, split, statistics=False) == plain_row, (M, K, N)
+    with pytest.raises(RuntimeError, match="dram_gbps = -2"):
+        debug.gemm_selected_config(dtype, 65536, 1024, 1024, split, statistics=False, dram_gbps=-2)
     for (M, K, N), (tf32_row, half_row) in expected_rows.items():
         expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
         assert debug.gemm_selected_config(dtype, M, N, K, split) == expected, (M, K, N)

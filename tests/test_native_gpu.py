@@ -198,6 +198,21 @@ def test_stream_k_workspace_is_checked():
     assert y.isnan().all(), "a refused call must launch nothing"
 
 
+def test_dram_bandwidth_the_rule_reads():
+    # select_config's device fact (gemm_dispatch.cpp): memory clock x 2 x bus width. The datasheet peaks: H100 SXM
+    # 3.35 TB/s (its 2x2-cluster rows), H200 4.8 TB/s (not); a unit slip (kHz, bits) is off by 8x or 1000x.
+    gbps, name = debug.device_dram_gbps(), torch.cuda.get_device_name()
+    assert 1000 < gbps < 10000, (gbps, name)
+    if "H200" in name:
+        assert 4700 <= gbps <= 5000, (gbps, name)
+    elif "H100" in name and "HBM3" in name:
+        assert 3250 <= gbps <= 3450, (gbps, name)
+    # The rule's default, the current device, reads that value: a tall eval launch agrees with it named.
+    for dtype in ("float32", "bfloat16"):
+        named = debug.gemm_selected_config(dtype, 65536, 1024, 1024, statistics=False, dram_gbps=gbps)
+        assert debug.gemm_selected_config(dtype, 65536, 1024, 1024, statistics=False) == named, dtype
+
+
 def test_configuration_overrides_are_checked():
     x, w, b, s = _problem(256, 64, 64, torch.float32)
     y = torch.empty(256, 64, device="cuda")

@@ -45,9 +45,17 @@ static_assert(config_at(GemmOperands::tf32, kTf32WideTile).tile_m == 256 &&
 constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalfOneWave96X = 10;
 // Row 0's tile without the statistics node on a 2x2 cluster, x and W both multicast (TF32 row 12, 16-bit 11), for
 // launches without partials at 512 < K <= 1024 with N <= kTallN, from kTf32TallMinM / kHalfTallMinM rows: from
-// kTallTiles 128x128 tiles, or from kTallM rows (perf/NOTES.md v52, v53).
+// kTallTiles 128x128 tiles, or from kTallM rows (perf/NOTES.md v52, v53), on devices whose DRAM peaks under
+// kTallMaxDramGbps: an H100 SXM (3.35 TB/s), where the cluster won; not an H200 (4.8 TB/s), where row 0's tile alone
+// ran 1.5-7% faster at every such shape (v54).
 constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallM = 65536, kTallN = 4096, kTallTiles = 2048;
-constexpr int kTf32TallMinM = 16384, kHalfTallMinM = 32768;
+constexpr int kTf32TallMinM = 16384, kHalfTallMinM = 32768, kTallMaxDramGbps = 4000;
+// Whether a device with this DRAM peak (GB/s; kCurrentDeviceDram: the current device's) takes the 2x2 cluster; an
+// unknown one does not (row 0's tile runs anywhere at the loss measured on the H100).
+bool tall_cluster_device(int dram_gbps) {
+  if (dram_gbps == kCurrentDeviceDram && current_dram_gbps(dram_gbps) != cudaSuccess) return false;
+  return dram_gbps > 0 && dram_gbps < kTallMaxDramGbps;
+}
 constexpr bool one_wave_x_row(GemmOperands operands, int row, int tile_n) {
   return config_at(operands, row).cluster_n == 2 && config_at(operands, row).pingpong == 0 &&
          config_at(operands, row).tile_n == tile_n && config_at(operands, row).statistics == 1;
@@ -148,7 +156,7 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // - launches without partials past a wave at K <= 1024, and TF32's wherever it would take row 0: row 0's tile without
 //   the statistics node, whose per-value work costs time even where it is idle; on a 2x2 cluster (x and W both
 //   multicast) at 512 < K <= 1024 with N <= 4096 from 2048 tiles or M = 65536 (M >= 16384 in TF32, 32768 in 16-bit),
-//   where the cluster pads nothing;
+//   where the cluster pads nothing, on devices with DRAM under 4 TB/s (the H100, not the H200);
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns), but for 16-bit launches without
@@ -162,7 +170,7 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 // from N = 768 x split before the GEMM, on a 2x1 cluster where it pads nothing; below, x split in registers (row 0):
 // the pass over x costs per row what the faster mainloop saves per column tile, so it pays from N = 768 on
 // (perf/NOTES.md v39, v41).
-int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
+int select_config(GemmOperands operands, int M, int N, int K, bool statistics, int dram_gbps) {
   constexpr int kShortM = 2048, kFewRows = 512;
   constexpr int kShortMRow = 1, kNarrow = 2, kSmall = 3;  // rows of kTf32Configs / kHalfConfigs
   constexpr int kOneWave = 4, kOneWave96 = 5, kStreamK = 6;  // kStreamK: TF32's only
@@ -209,10 +217,11 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics) {
   if (!statistics && short_k && tiles >= kWave) {
     // Large outputs at 512 < K <= 1024: multicasting W as well as x took 1-10% off eval and 0-7% off the training
     // forward on an H100 from 2048 tiles (TF32 from M = 16384, 16-bit from 32768: level to 2% behind below) and at
-    // M = 65536 down to N = 256; it tied or lost at 1024 tiles and fewer with M <= 32768 (perf/NOTES.md v52, v53).
+    // M = 65536 down to N = 256; it tied or lost at 1024 tiles and fewer with M <= 32768 (perf/NOTES.md v52, v53), and
+    // lost on an H200 (v54). The device is asked last: only launches of those shapes pay for the query.
     const int tall = tf32 ? kTf32TallRow : kHalfTallRow, tall_min_m = tf32 ? kTf32TallMinM : kHalfTallMinM;
     const bool large = M >= tall_min_m && N <= kTallN && (M >= kTallM || tiles >= kTallTiles);
-    return K > kShorterK && large && !pads(tall) ? tall : wide;
+    return K > kShorterK && large && !pads(tall) && tall_cluster_device(dram_gbps) ? tall : wide;
   }
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
   // Short K with more tiles, statistics on (launches without took their row above): the epilogue dominates and the
@@ -273,8 +282,13 @@ bool train_product_by_cublas(GemmOperands operands, int M, int N, int K) {
 
 int gemm_config_count(GemmOperands operands) { return config_count(operands); }
 
-int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics) {
-  return select_config(operands, M, N, K, statistics);
+int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics, int dram_gbps) {
+  return select_config(operands, M, N, K, statistics, dram_gbps);
+}
+
+int device_dram_gbps() {
+  int gbps = 0;
+  return current_dram_gbps(gbps) == cudaSuccess ? gbps : 0;
 }
 
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields],
@@ -419,6 +433,18 @@ cudaError_t current_device_info(int& device, int& sm_count) {
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   return cached_per_device(device, sm_count, [device](int& count) {
     return cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+  });
+}
+
+cudaError_t current_dram_gbps(int& gbps) {
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  return cached_per_device(device, gbps, [device](int& peak) {
+    int clock_khz = 0, bus_bits = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+    peak = int(2 * int64_t(clock_khz) * (bus_bits / 8) / 1000000);  // kHz x bytes per transfer -> GB/s
+    return e;
   });
 }
 

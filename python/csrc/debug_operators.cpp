@@ -49,10 +49,17 @@ std::vector<int64_t> gemm_config_row(std::string dtype, int64_t M, int64_t N, in
   return std::vector<int64_t>(row, row + gemmbn::kConfigFields);
 }
 
-int64_t gemm_selected_config(std::string dtype, int64_t M, int64_t N, int64_t K, bool split, bool statistics) {
+// dram_gbps: the DRAM peak the rule reads (-1: the current device's, 0: unknown), for tests of either device's rows.
+int64_t gemm_selected_config(std::string dtype, int64_t M, int64_t N, int64_t K, bool split, bool statistics,
+                             int64_t dram_gbps) {
+  if (dram_gbps < -1 || dram_gbps > INT32_MAX) {
+    fail("dram_gbps = " + std::to_string(dram_gbps) + ": -1 (the current device's), 0 (unknown) or GB/s are accepted");
+  }
   return gemmbn::gemm_selected_config(parse_operands(dtype, split), checked_int(M, "M"), checked_int(N, "N"),
-                                      checked_int(K, "K"), statistics);
+                                      checked_int(K, "K"), statistics, int(dram_gbps));
 }
+
+int64_t device_dram_gbps() { return gemmbn::device_dram_gbps(); }
 
 // The split of each tile's K range a stream-K row's call gets from the rule (configs.h select_splits; 1: CUTLASS's
 // stream-K heuristic).
@@ -216,7 +223,8 @@ STABLE_TORCH_LIBRARY(gemmbn_debug, m) {
   m.def("device_support(int device) -> (bool, str)");
   m.def("gemm_config_count(str dtype, bool split) -> int");
   m.def("gemm_config_row(str dtype, int M, int N, int K, int config, bool split, bool statistics) -> int[]");
-  m.def("gemm_selected_config(str dtype, int M, int N, int K, bool split, bool statistics) -> int");
+  m.def("gemm_selected_config(str dtype, int M, int N, int K, bool split, bool statistics, int dram_gbps) -> int");
+  m.def("device_dram_gbps() -> int");
   m.def("gemm_selected_splits(int M, int N) -> int");
   m.def("train_statistics_from_y(str dtype, int M, int N, int K, bool split) -> bool");
   m.def("train_product_by_cublas(str dtype, int M, int N, int K) -> bool");
@@ -243,6 +251,7 @@ STABLE_TORCH_LIBRARY_IMPL(gemmbn_debug, CompositeExplicitAutograd, m) {
   m.impl("gemm_config_count", TORCH_BOX(&gemm_config_count));
   m.impl("gemm_config_row", TORCH_BOX(&gemm_config_row));
   m.impl("gemm_selected_config", TORCH_BOX(&gemm_selected_config));
+  m.impl("device_dram_gbps", TORCH_BOX(&device_dram_gbps));
   m.impl("gemm_selected_splits", TORCH_BOX(&gemm_selected_splits));
   m.impl("train_statistics_from_y", TORCH_BOX(&train_statistics_from_y));
   m.impl("train_product_by_cublas", TORCH_BOX(&train_product_by_cublas));

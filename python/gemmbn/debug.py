@@ -52,9 +52,16 @@ def gemm_launch_config(dtype: str, M: int, N: int, K: int, config: int = -1, spl
     return dict(zip(CONFIG_FIELDS, _ops().gemm_config_row(dtype, M, N, K, config, split, statistics)))
 
 
-def gemm_selected_config(dtype: str, M: int, N: int, K: int, split: bool = False, statistics: bool = True) -> int:
-    """Index into gemm_configs of the row chosen for this problem."""
-    return _ops().gemm_selected_config(dtype, M, N, K, split, statistics)
+def gemm_selected_config(dtype: str, M: int, N: int, K: int, split: bool = False, statistics: bool = True,
+                         dram_gbps: int | None = None) -> int:  # fmt: skip
+    """Index into gemm_configs of the row chosen for this problem on the current device (dram_gbps None), or on a
+    device whose peak DRAM bandwidth is dram_gbps GB/s (0: unknown), the one device fact the rule reads."""
+    return _ops().gemm_selected_config(dtype, M, N, K, split, statistics, -1 if dram_gbps is None else dram_gbps)
+
+
+def device_dram_gbps() -> int:
+    """The current CUDA device's peak DRAM bandwidth in GB/s as the row rule reads it (0: no device to ask)."""
+    return _ops().device_dram_gbps()
 
 
 def gemm_selected_splits(M: int, N: int) -> int:

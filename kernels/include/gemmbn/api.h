@@ -92,8 +92,11 @@ inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) { return gemm_ope
 // The number of rows in the operands' configuration table (kernels/include/gemmbn/configs.h).
 int gemm_config_count(GemmOperands operands);
 // The table row the GEMM runs for this problem when the call leaves config < 0; statistics: whether
-// the call computes the partials (the training forward) or not (eval, the plain GEMM).
-int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics = true);
+// the call computes the partials (the training forward) or not (eval, the plain GEMM); dram_gbps: the device's peak
+// DRAM bandwidth the rule reads (configs.h kCurrentDeviceDram, -1: the current device's; 0: unknown).
+int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics = true, int dram_gbps = -1);
+// The current device's peak DRAM bandwidth in GB/s as select_config reads it, or 0 where it cannot be queried.
+int device_dram_gbps();
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
 // stream_k, statistics, presplit, partial_rows}; partial_rows (last) is the number of rows per statistics partial,

@@ -9,6 +9,8 @@
 namespace gemmbn {
 
 cudaError_t current_device_info(int& device, int& sm_count);
+// The current device's peak DRAM bandwidth in GB/s: two transfers per memory clock across the bus's width.
+cudaError_t current_dram_gbps(int& gbps);
 
 // value = the cached positive result of compute(value) for this device, computing it on the first call.
 // One cache per call site (each lambda is its own Compute type). Two threads' first calls may both
