@@ -184,7 +184,7 @@ inline constexpr int select_splits(int M, int N) {
   return 3 * tiles <= kWave ? 3 : 2;
 }
 
-// select_config's one device fact besides the SM count: the device's peak DRAM bandwidth in GB/s (0: unknown), or
+// select_config's one device fact: the device's peak DRAM bandwidth in GB/s (0: unknown), or
 // kCurrentDeviceDram for the current device's (current_dram_gbps), queried only where the rule reads it.
 inline constexpr int kCurrentDeviceDram = -1;
 
