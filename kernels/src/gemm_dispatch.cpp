@@ -218,7 +218,8 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics, i
     // Large outputs at 512 < K <= 1024: multicasting W as well as x took 1-10% off eval and 0-7% off the training
     // forward on an H100 from 2048 tiles (TF32 from M = 8192, 16-bit from 32768: level to 2% behind below) up to
     // N = 8192 and at M = 65536 down to N = 256; it tied or lost at 1024 tiles and fewer with M <= 32768 (perf/NOTES.md
-    // v52, v53, v55), and lost on an H200 (v54). The device is asked last: only launches of those shapes pay for the query.
+    // v52, v53, v55), and lost on an H200 (v54). The device is asked last: only launches of those shapes pay for the
+    // query.
     const int tall = tf32 ? kTf32TallRow : kHalfTallRow, tall_min_m = tf32 ? kTf32TallMinM : kHalfTallMinM;
     const bool large = M >= tall_min_m && N <= kTallN && (M >= kTallM || tiles >= kTallTiles);
     return K > kShorterK && large && !pads(tall) && tall_cluster_device(dram_gbps) ? tall : wide;
