@@ -200,9 +200,9 @@ def test_stream_k_workspace_is_checked():
 
 def test_dram_bandwidth_the_rule_reads():
     # select_config's device fact (gemm_dispatch.cpp): memory clock x 2 x bus width. The datasheet peaks: H100 SXM
-    # 3.35 TB/s (its 2x2-cluster rows; 3352 read on one, v55), H200 4.8 TB/s (not; not yet read on one, so its bounds
-    # allow the reported memory clock some slack while keeping well clear of the rule's 4000); a unit slip (kHz, bits)
-    # is off by 8x or 1000x.
+    # 3.35 TB/s (its 2x2-cluster rows; within these bounds on one, v55), H200 4.8 TB/s (not; not yet read on one, so
+    # its bounds allow the reported memory clock some slack while keeping well clear of the rule's 4000); a unit slip
+    # (kHz, bits) is off by 8x or 1000x.
     gbps, name = debug.device_dram_gbps(), torch.cuda.get_device_name()
     assert 1000 < gbps < 10000, (gbps, name)
     if "H200" in name:
