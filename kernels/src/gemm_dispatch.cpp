@@ -53,7 +53,7 @@ constexpr int kTf32TallMinM = 8192, kHalfTallMinM = 32768, kTallMaxDramGbps = 40
 // Whether a device with this DRAM peak (GB/s; kCurrentDeviceDram: the current device's) takes the 2x2 cluster; an
 // unknown one does not (row 0's tile runs anywhere at the loss measured on the H100).
 bool tall_cluster_device(int dram_gbps) {
-  if (dram_gbps == kCurrentDeviceDram && current_dram_gbps(dram_gbps) != cudaSuccess) return false;
+  if (dram_gbps == kCurrentDeviceDram) dram_gbps = device_dram_gbps();
   return dram_gbps > 0 && dram_gbps < kTallMaxDramGbps;
 }
 constexpr bool one_wave_x_row(GemmOperands operands, int row, int tile_n) {

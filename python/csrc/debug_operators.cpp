@@ -52,7 +52,7 @@ std::vector<int64_t> gemm_config_row(std::string dtype, int64_t M, int64_t N, in
 // dram_gbps: the DRAM peak the rule reads (-1: the current device's, 0: unknown), for tests of either device's rows.
 int64_t gemm_selected_config(std::string dtype, int64_t M, int64_t N, int64_t K, bool split, bool statistics,
                              int64_t dram_gbps) {
-  if (dram_gbps < -1 || dram_gbps > INT32_MAX) {
+  if (dram_gbps < gemmbn::kCurrentDeviceDram || dram_gbps > INT32_MAX) {
     fail("dram_gbps = " + std::to_string(dram_gbps) + ": -1 (the current device's), 0 (unknown) or GB/s are accepted");
   }
   return gemmbn::gemm_selected_config(parse_operands(dtype, split), checked_int(M, "M"), checked_int(N, "N"),

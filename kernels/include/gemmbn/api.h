@@ -91,10 +91,14 @@ inline GemmOperands gemm_operands(DType dtype, bool split) {
 inline GemmOperands gemm_operands(const GemmScaleStatsArgs& a) { return gemm_operands(a.dtype, a.weight_split); }
 // The number of rows in the operands' configuration table (kernels/include/gemmbn/configs.h).
 int gemm_config_count(GemmOperands operands);
+// The rule's one device fact, the device's peak DRAM bandwidth in GB/s (0: unknown), or this value for the current
+// device's (current_dram_gbps), queried only where the rule reads it.
+inline constexpr int kCurrentDeviceDram = -1;
 // The table row the GEMM runs for this problem when the call leaves config < 0; statistics: whether
 // the call computes the partials (the training forward) or not (eval, the plain GEMM); dram_gbps: the device's peak
-// DRAM bandwidth the rule reads (configs.h kCurrentDeviceDram, -1: the current device's; 0: unknown).
-int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics = true, int dram_gbps = -1);
+// DRAM bandwidth the rule reads.
+int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statistics = true,
+                         int dram_gbps = kCurrentDeviceDram);
 // The current device's peak DRAM bandwidth in GB/s as select_config reads it, or 0 where it cannot be queried.
 int device_dram_gbps();
 // Row `config` of the table (config < 0: the row picked for the problem), as

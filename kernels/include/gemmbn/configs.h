@@ -184,11 +184,8 @@ inline constexpr int select_splits(int M, int N) {
   return 3 * tiles <= kWave ? 3 : 2;
 }
 
-// select_config's one device fact: the device's peak DRAM bandwidth in GB/s (0: unknown), or
-// kCurrentDeviceDram for the current device's (current_dram_gbps), queried only where the rule reads it.
-inline constexpr int kCurrentDeviceDram = -1;
-
-// Index into the operands' table for this problem (one rule, measured rows; see gemm_dispatch.cpp).
+// Index into the operands' table for this problem (one rule, measured rows; see gemm_dispatch.cpp); dram_gbps: as
+// gemm_selected_config's (api.h).
 int select_config(GemmOperands operands, int M, int N, int K, bool statistics, int dram_gbps = kCurrentDeviceDram);
 
 }  // namespace gemmbn
