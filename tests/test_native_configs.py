@@ -316,10 +316,11 @@ def test_selection_follows_the_measured_rule(dtype, split):
     # whose bandwidth is unknown (0; also what the default, the current device, reads without a GPU) take row 0's
     # tile alone there. Checked at both sides of the bound so a flipped comparison fails.
     tall_row, plain_tall_row = (12, 7) if tf32 else (11, 6)
+    plain_launches = {**without_statistics, **short_k_without_statistics}
     clause_taken = 0  # launches the fact moved (so the check can fail)
     for dram_gbps in (3352, 3999, 4000, 4915, 0):
         slow_dram = 0 < dram_gbps < 4000
-        for (M, K, N), (tf32_row, half_row) in {**without_statistics, **short_k_without_statistics}.items():
+        for (M, K, N), (tf32_row, half_row) in plain_launches.items():
             expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
             if expected == tall_row and not split and not slow_dram:
                 expected = plain_tall_row
@@ -328,7 +329,7 @@ def test_selection_follows_the_measured_rule(dtype, split):
             assert chosen == expected, (M, K, N, dram_gbps)
     assert clause_taken == (0 if split else 2 * 16 if tf32 else 2 * 10)  # the dict's tall rows, at 3352 and 3999
     current_dram = debug.device_dram_gbps()  # 0 without a CUDA device
-    for (M, K, N), (tf32_row, half_row) in {**without_statistics, **short_k_without_statistics}.items():
+    for M, K, N in plain_launches:
         expected = debug.gemm_selected_config(dtype, M, N, K, split, statistics=False, dram_gbps=current_dram)
         assert debug.gemm_selected_config(dtype, M, N, K, split, statistics=False) == expected, (M, K, N)
         plain_row = (rows[expected]["partial_rows"], rows[expected]["tile_n"])
