@@ -45,11 +45,12 @@ static_assert(config_at(GemmOperands::tf32, kTf32WideTile).tile_m == 256 &&
 constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalfOneWave96X = 10;
 // Row 0's tile without the statistics node on a 2x2 cluster, x and W both multicast (TF32 row 12, 16-bit 11), for
 // launches without partials at 512 < K <= 1024 with N <= kTallN, from kTf32TallMinM / kHalfTallMinM rows: from
-// kTallTiles 128x128 tiles, or from kTallM rows (perf/NOTES.md v52, v53, v55), on devices whose DRAM peaks under
+// kTallTiles 128x128 tiles, or from kTallM rows; 16-bit also from kHalfTallTiles tiles at any M (perf/NOTES.md v52,
+// v53, v55, v56), on devices whose DRAM peaks under
 // kTallMaxDramGbps: an H100 SXM (3.35 TB/s), where the cluster won; not an H200 (4.8 TB/s), where row 0's tile alone
 // ran 1.5-7% faster at every such shape (v54).
 constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallM = 65536, kTallN = 8192, kTallTiles = 2048;
-constexpr int kTf32TallMinM = 8192, kHalfTallMinM = 32768, kTallMaxDramGbps = 4000;
+constexpr int kTf32TallMinM = 8192, kHalfTallMinM = 32768, kHalfTallTiles = 5120, kTallMaxDramGbps = 4000;
 // Whether a device with this DRAM peak (GB/s; kCurrentDeviceDram: the current device's) takes the 2x2 cluster; an
 // unknown one does not (row 0's tile runs anywhere at the loss measured on the H100).
 bool tall_cluster_device(int dram_gbps) {
@@ -216,12 +217,13 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics, i
   const int wide = statistics ? kWide : first_row_without_statistics(operands);
   if (!statistics && short_k && tiles >= kWave) {
     // Large outputs at 512 < K <= 1024: multicasting W as well as x took 1-10% off eval and 0-7% off the training
-    // forward on an H100 from 2048 tiles (TF32 from M = 8192, 16-bit from 32768: level to 2% behind below) up to
-    // N = 8192 and at M = 65536 down to N = 256; it tied or lost at 1024 tiles and fewer with M <= 32768 (perf/NOTES.md
-    // v52, v53, v55), and lost on an H200 (v54). The device is asked last: only launches of those shapes pay for the
-    // query.
+    // forward on an H100 from 2048 tiles (TF32 from M = 8192, 16-bit from 32768 or from 5120 tiles: level at 4096
+    // tiles under M = 32768) up to N = 8192 and at M = 65536 down to N = 256; it tied or lost at 1024 tiles and fewer
+    // with M <= 32768 (perf/NOTES.md v52, v53, v55, v56), and lost on an H200 (v54). The device is asked last: only
+    // launches of those shapes pay for the query.
     const int tall = tf32 ? kTf32TallRow : kHalfTallRow, tall_min_m = tf32 ? kTf32TallMinM : kHalfTallMinM;
-    const bool large = M >= tall_min_m && N <= kTallN && (M >= kTallM || tiles >= kTallTiles);
+    const bool large = N <= kTallN && (M >= kTallM || (M >= tall_min_m && tiles >= kTallTiles) ||
+                                       (!tf32 && tiles >= kHalfTallTiles));
     return K > kShorterK && large && !pads(tall) && tall_cluster_device(dram_gbps) ? tall : wide;
   }
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
