@@ -46,9 +46,8 @@ constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalf
 // Row 0's tile without the statistics node on a 2x2 cluster, x and W both multicast (TF32 row 12, 16-bit 11), for
 // launches without partials at 512 < K <= 1024 with N <= kTallN, from kTf32TallMinM / kHalfTallMinM rows: from
 // kTallTiles 128x128 tiles, or from kTallM rows; 16-bit also from kHalfTallTiles tiles at any M (perf/NOTES.md v52,
-// v53, v55, v56), on devices whose DRAM peaks under
-// kTallMaxDramGbps: an H100 SXM (3.35 TB/s), where the cluster won; not an H200 (4.8 TB/s), where row 0's tile alone
-// ran 1.5-7% faster at every such shape (v54).
+// v53, v55, v56), on devices whose DRAM peaks under kTallMaxDramGbps: an H100 SXM (3.35 TB/s), where the cluster won;
+// not an H200 (4.8 TB/s), where row 0's tile alone ran 1.5-7% faster at every such shape (v54).
 constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallM = 65536, kTallN = 8192, kTallTiles = 2048;
 constexpr int kTf32TallMinM = 8192, kHalfTallMinM = 32768, kHalfTallTiles = 5120, kTallMaxDramGbps = 4000;
 // Whether a device with this DRAM peak (GB/s; kCurrentDeviceDram: the current device's) takes the 2x2 cluster; an
