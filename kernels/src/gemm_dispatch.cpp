@@ -155,8 +155,9 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 //   else with W's (c2x1), where the cluster pads nothing; else TF32's stream-K row past K = 4096;
 // - launches without partials past a wave at K <= 1024, and TF32's wherever it would take row 0: row 0's tile without
 //   the statistics node, whose per-value work costs time even where it is idle; on a 2x2 cluster (x and W both
-//   multicast) at 512 < K <= 1024 with N <= 8192 from 2048 tiles or M = 65536 (M >= 8192 in TF32, 32768 in 16-bit),
-//   where the cluster pads nothing, on devices with DRAM under 4 TB/s (the H100, not the H200);
+//   multicast) at 512 < K <= 1024 with N <= 8192 from 2048 tiles or M = 65536 (M >= 8192 in TF32, 32768 in 16-bit;
+//   16-bit also from 5120 tiles at any M), where the cluster pads nothing, on devices with DRAM under 4 TB/s (the
+//   H100, not the H200);
 // - the 64x128 row (its butterfly lane merge where the epilogue dominates): TF32 under a wave, K <= 1024 up to two
 //   waves, then K <= 512 (TF32 up to 16 waves) and 16-bit K <= 1024 up to 8 waves;
 // - N <= 1024 with K > 4096: row 1 (x, the large operand, read once per 256 columns), but for 16-bit launches without
