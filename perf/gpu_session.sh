@@ -26,7 +26,11 @@
 #                     5.5), then perf/report.py: bench.csv, bench.txt, bench.md (the README's table), bench.png
 #   profile-long-k    Nsight Compute on our bf16 GEMM (no statistics node) and cuBLAS's addmm at 4096x8192->2048
 #                     (multi-wave long K, where ours trails); other cases by
-#                     GEMMBN_PROFILE_ARGS="--dtype D --size M K N"
+#                     GEMMBN_PROFILE_ARGS="--dtype D --size M K N"; GEMMBN_PROFILE_NODE=1: ours with the statistics
+#                     node and its finish (the training forward's two kernels)
+#   profile-y-pass    Nsight Compute on the training forward with its statistics from y (the GEMM without the node, the
+#                     finish's pass over y; launch_once.py --module) and cuBLAS's addmm, TF32 and bf16, at
+#                     GEMMBN_PROFILE_SIZE (default 65536 1024 1024, where the sweep trails by under 1%)
 #   tune-epilogue     perf/tune_gemm.py, every row, heuristic order, TF32 and bf16, at 16384x512->8192,
 #                     65536x1024->1024 and 16384x4096->4096 (the statistics node's cost); other sizes by
 #                     GEMMBN_TUNE_SIZES="M K N;M K N;..."
@@ -323,13 +327,27 @@ for name in $steps; do
     profile-long-k)
       read -r -a profile_args <<< "${GEMMBN_PROFILE_ARGS:---dtype bfloat16 --size 4096 8192 2048}"
       for variant in ours cublas; do
-        flag=$([[ $variant == cublas ]] && echo --cublas || echo --no-stats)
+        flag=$([[ $variant == cublas ]] && echo --cublas || { [[ ${GEMMBN_PROFILE_NODE:-0} == 1 ]] || echo --no-stats; })
         timeout $(limit 150) bash perf/ncu/profile.sh "$out/ncu-long-k-$variant" "${profile_args[@]}" $flag \
           > "$out/ncu-long-k-$variant.log" 2>&1
         rm -f "$out/ncu-long-k-$variant"/*.ncu-rep "$out/ncu-long-k-$variant"/finish.*
         echo "-- $variant"
         headline="Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Grid Size|Block Size"
         grep -hE "^  *($headline|Dynamic Shared)" "$out/ncu-long-k-$variant"/*.details.txt | head -10
+      done ;;
+    profile-y-pass)
+      read -r -a size <<< "${GEMMBN_PROFILE_SIZE:-65536 1024 1024}"
+      for dtype in float32 bfloat16; do
+        for variant in y-pass cublas; do
+          dir="$out/ncu-y-pass-$dtype-$variant"
+          flag=$([[ $variant == cublas ]] && echo --cublas || echo --module)
+          GEMMBN_STATISTICS_SOURCE=y timeout $(limit 150) bash perf/ncu/profile.sh "$dir" --dtype $dtype \
+            --size "${size[@]}" $flag > "$dir.log" 2>&1
+          rm -f "$dir"/*.ncu-rep
+          echo "-- $dtype $variant"
+          grep -hE "^  *(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Grid Size)" \
+            "$dir"/*.details.txt | head -12
+        done
       done ;;
     tune-epilogue)
       # The statistics node's cost where it shows (short K, small N) and at the KernelBench shape.
