@@ -231,13 +231,37 @@ SOURCE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("source", ["epilogue", "y"])
+@pytest.mark.parametrize("source", ["epilogue", "y", "y-claims"])
 @pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
 def test_statistics_sources_match_float64(source, dtype, precision, shape, monkeypatch):
-    """Outputs and running statistics against float64 with either source of the statistics (_check_hard_batch)."""
-    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source)
+    """Outputs and running statistics against float64 with either source of the statistics (_check_hard_batch); the
+    y pass also with its phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1, the experiment's walk)."""
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source.removesuffix("-claims"))
+    monkeypatch.setenv("GEMMBN_FINISH_Y_CLAIMS", "1" if source == "y-claims" else "0")
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")  # gemmbn's GEMM: the source is what is tested here
     _check_hard_batch(dtype, precision, shape, source)
+
+
+@pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
+def test_y_pass_claims_match_the_static_walk(dtype, precision, shape, monkeypatch):
+    """The y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1: passes, last passes of phase 0's items first) or walked
+    statically runs the same arithmetic per element: the same bits in the output and the running statistics (the
+    ragged shapes end on a short chunk, whose last passes are empty claims)."""
+    monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "y")
+    monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
+    M, K, N = shape
+    model = _model(dtype, precision, K, N)
+    x = _x(M, K, dtype)
+    results = {}
+    for walk in ("0", "1"):
+        monkeypatch.setenv("GEMMBN_FINISH_Y_CLAIMS", walk)
+        copy_ = copy.deepcopy(model)
+        with fused_path(), torch.no_grad():
+            out = copy_(x)
+        results[walk] = (out, copy_.bn.running_mean, copy_.bn.running_var)
+    assert not results["1"][0].isnan().any()
+    for static, claimed in zip(results["0"], results["1"]):
+        assert torch.equal(static, claimed)
 
 
 def _check_hard_batch(dtype, precision, shape, what):

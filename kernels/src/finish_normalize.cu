@@ -99,6 +99,10 @@ struct FinishParams {
   // Phase 2's items claimed from this counter, last item first (zeroed by block 0 before the grid barrier), instead of
   // walked statically; null: the static walk (finish_claims_items).
   int* claim_counter = nullptr;
+  // The y-pass variants' claimed walk (claim_counter set): a pass of rows per claim over passes_per_chunk passes of each
+  // of phase 0's items (y_pass_claim), pass_items claims in all.
+  int passes_per_chunk = 0;
+  int pass_items = 0;
   // The dataflow walk (finish_dataflow_kernel): the GEMM's flow counters (tile_flow.h) and its column tiles' width.
   int* flow = nullptr;
   int column_tiles = 0, tile_columns = 0;
@@ -340,16 +344,14 @@ __device__ void merge_one_group(FinishParams<T> const& p, int group, double* lan
 // that the first reads find the rows phase 0 read last still in L2 (perf/NOTES.md v18).
 // kProduct: y = (v + b) s first (product_to_y), written to pre_norm where kept.
 template <class T, bool kLastRowsFirst, bool kProduct>
-__device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int item, ColumnFactors const& factors) {
+__device__ __forceinline__ void normalize_span(FinishParams<T> const& p, int stripe, int64_t row_begin, int64_t row_end,
+                                               ColumnFactors const& factors) {
   using Vec = Vector16<T>;
   constexpr int V = Vec::kSize, kCols = kLanesPerRow * V;  // columns per stripe
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
   const int lane = threadIdx.x % kLanesPerRow, row_in_pass = threadIdx.x / kLanesPerRow;
-  const int stripe = item % p.stripes;
-  const int64_t chunk = item / p.stripes;
   const int vector_col = stripe * kCols + lane * V;
-  if (vector_col >= p.N) return;
-  const int64_t row_begin = chunk * p.rows_per_chunk, row_end = min(p.M, row_begin + p.rows_per_chunk);
+  if (vector_col >= p.N || row_begin >= row_end) return;
   const int64_t step = kLastRowsFirst ? -kPassRows : kPassRows;
   const int64_t first = (kLastRowsFirst ? row_begin + (row_end - row_begin - 1) / kPassRows * kPassRows : row_begin) +
                         row_in_pass;
@@ -388,10 +390,33 @@ __device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int ite
   }
 }
 
+// Phase 2 on work item `item` (stripe item % stripes, rows of chunk item / stripes).
+template <class T, bool kLastRowsFirst, bool kProduct>
+__device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int item, ColumnFactors const& factors) {
+  const int64_t row_begin = item / p.stripes * p.rows_per_chunk;
+  normalize_span<T, kLastRowsFirst, kProduct>(p, item % p.stripes, row_begin, min(p.M, row_begin + p.rows_per_chunk),
+                                              factors);
+}
+
+// The y-pass variants' claimed walk: claim k is pass passes_per_chunk - 1 - k / items of phase 0's item k % items. So
+// the walk takes the last pass of every item first, then the one before: the rows phase 0 read last (every block
+// streams its item at once), which are the likeliest still in L2 (perf/NOTES.md v58). A pass past a short last chunk's
+// rows is empty.
+template <class T, bool kProduct>
+__device__ __forceinline__ void normalize_y_pass_claim(FinishParams<T> const& p, int k) {
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  const int item = k % p.items, pass = p.passes_per_chunk - 1 - k / p.items;
+  const int64_t chunk_begin = item / p.stripes * p.rows_per_chunk;
+  const int64_t row_begin = chunk_begin + pass * kPassRows;
+  const int64_t row_end = min(min(p.M, chunk_begin + p.rows_per_chunk), row_begin + kPassRows);
+  normalize_span<T, false, kProduct>(p, item % p.stripes, row_begin, row_end, workspace_factors(p));
+}
+
 // Phase 2 over every item. Statically, block b takes items b, b + blocks, ... (kLastRowsFirst: the same items, last
 // first); with claim_counter, each block claims its next item while the current one streams, so a block on an SM with
 // less of the memory bandwidth takes fewer items (the static walk ends on its slowest block: perf/NOTES.md v31).
-// Claims go last item first: the rows the GEMM wrote last are the likeliest still in L2 (perf/NOTES.md v32).
+// Claims go last item first: the rows the GEMM wrote last are the likeliest still in L2 (perf/NOTES.md v32); the y
+// pass's (kLastRowsFirst) claims are passes, last passes first (normalize_y_pass_claim).
 template <class T, bool kLastRowsFirst = false, bool kProduct = false>
 __device__ void normalize_rows(FinishParams<T> const& p) {
   if (p.claim_counter == nullptr) {
@@ -407,9 +432,14 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
   if (threadIdx.x == 0) claimed[0] = atomicAdd(p.claim_counter, 1);
   __syncthreads();
   int item = claimed[0];
-  for (int k = 1; item < p.items; ++k) {  // uniform across the block
+  const int claims = kLastRowsFirst ? p.pass_items : p.items;  // the y pass's (kLastRowsFirst) pass claims
+  for (int k = 1; item < claims; ++k) {  // uniform across the block
     if (threadIdx.x == 0) claimed[k & 1] = atomicAdd(p.claim_counter, 1);
-    normalize_item<T, kLastRowsFirst, kProduct>(p, p.items - 1 - item, workspace_factors(p));
+    if constexpr (kLastRowsFirst) {
+      normalize_y_pass_claim<T, kProduct>(p, item);
+    } else {
+      normalize_item<T, false, kProduct>(p, p.items - 1 - item, workspace_factors(p));
+    }
     __syncthreads();
     item = claimed[k & 1];
   }
@@ -664,13 +694,17 @@ Status finish_work(int M, int N, WorkItems& work, int& max_blocks) {
 // Whether phase 2 claims its items, one pass of rows each (normalize_rows), instead of walking the static chunks: where
 // a claiming block's share of y is at least kClaimBytesPerBlock (from 66 MiB of y on an H200). Alone, with L2 flushed,
 // claims win from 64 MiB; after the GEMM, with part of y in L2, the forward gained at 128 MiB and more but was even at
-// 64 MiB (perf/NOTES.md v31, v32). GEMMBN_FINISH_CLAIMS=0|1 overrides it (tests run both walks; perf A/B runs). Not
-// the y-pass variants: their phase 2 walks phase 0's chunks last rows first, for L2.
+// 64 MiB (perf/NOTES.md v31, v32). GEMMBN_FINISH_CLAIMS=0|1 overrides it (tests run both walks; perf A/B runs).
 constexpr int64_t kClaimBytesPerBlock = int64_t(256) << 10;
 bool finish_claims_items(int64_t M, int N, int element_bytes, int blocks) {
   if (const char forced = forced_choice("GEMMBN_FINISH_CLAIMS")) return forced == '1';
   return M * N * element_bytes >= kClaimBytesPerBlock * blocks;
 }
+// The y-pass variants' phase 2: claimed passes, last passes of phase 0's items first (normalize_y_pass_claim), only
+// where GEMMBN_FINISH_Y_CLAIMS=1. EXPERIMENT, off: the static walk takes each block's own item last rows first, which
+// ends on the slowest block; claims balance the SMs' shares of the bandwidth, as they do in the partials' variant
+// (perf/NOTES.md v58).
+bool finish_y_pass_claims() { return forced_choice("GEMMBN_FINISH_Y_CLAIMS") == '1'; }
 // A claimed launch's blocks: two per SM at most (fewer streams in flight for the same bytes: perf/NOTES.md v32).
 constexpr int kClaimBlocksPerSm = 2;
 Status claiming_blocks(int max_blocks, int& blocks) {
@@ -770,8 +804,10 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_work<T, kFromY>(a.M, a.N, work, max_blocks); !s) return s;
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
   bool claims = false;
+  int passes_per_chunk = 0;
+  int64_t y_pass_claims = 0;
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
   if constexpr (!kFromY && kMode != FinishMode::moments) {
-    constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
     const int64_t claim_items = pass_items(a.dtype, a.M, a.N);
     int claim_blocks = 0;
     if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
@@ -779,11 +815,21 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
              finish_claims_items(a.M, a.N, sizeof(T), claim_blocks);
     if (claims) work.rows_per_chunk = kPassRows, work.items = claim_items, max_blocks = claim_blocks;
   }
+  if constexpr (kFromY && kMode == FinishMode::normalize) {  // phase 0's items stay; phase 2 claims passes of them
+    int claim_blocks = 0;
+    if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
+    passes_per_chunk = static_cast<int>(work.rows_per_chunk / kPassRows);  // rows_per_chunk: a multiple of kPassRows
+    y_pass_claims = int64_t(passes_per_chunk) * work.items;
+    claims = y_pass_claims <= std::numeric_limits<int>::max() - claim_blocks && finish_y_pass_claims();
+    if (claims) max_blocks = claim_blocks;
+  }
   // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
   // each block would otherwise merge several column groups one after another.
   const int merge_columns = merge_columns_for(a.N);
   const int64_t merge_groups = (a.N + merge_columns - 1) / merge_columns;
-  int blocks = static_cast<int>(std::min<int64_t>(std::max(work.items, merge_groups), max_blocks));
+  // A claimed y pass takes every claiming block: phase 0's items are fewer, its passes many.
+  const int64_t wanted = kFromY && claims ? max_blocks : std::max(work.items, merge_groups);
+  int blocks = static_cast<int>(std::min<int64_t>(wanted, max_blocks));
   constexpr auto kernel = &finish_normalize_kernel<T, kFromY, kMode, kProduct>;
   if constexpr (kMode != FinishMode::normalize || kProduct) {  // a cooperative grid within its own variant's
     int resident = 0;  // residency (the work items stay finish_work's; blocks loop over any excess)
@@ -791,7 +837,11 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
     blocks = std::min(blocks, resident);
   }
   FinishParams<T> p = finish_params<T, kMode>(a, work, partials);
-  if (claims) p.claim_counter = reinterpret_cast<int*>(p.delta + a.N);
+  if (claims) {
+    p.claim_counter = reinterpret_cast<int*>(p.delta + a.N);
+    p.passes_per_chunk = passes_per_chunk;
+    p.pass_items = static_cast<int>(y_pass_claims);
+  }
   return Status::from_cuda(launch_cooperative(kernel, blocks, kThreads, p, stream),
                            "launching finish_normalize (cooperative)");
 }

@@ -46,6 +46,7 @@ struct Worst {
 // ranks' moments (the synchronized forward's two launches: run_ranks), or the product variant's pass (the buffer holds
 // x W^T alone, a cuBLAS product; the variant forms y = (v + b) s, takes the y pass over it and writes y back in place),
 // or the epilogue's with phase 2's items (a pass of rows each) claimed from a counter (poisoned: the launch zeroes it),
+// or the y pass's with phase 2's passes claimed so (the last passes of phase 0's items first),
 // or the epilogue's through the dataflow walk (finish_dataflow_kernel) while a thread plays the GEMM (count_tiles):
 // jobs first with the GEMM's tiles stored along N (every column tile complete only with the last row band), or items
 // first with them stored along M (column tile by column tile); each as one block, and as kGridBlocks blocks at once (a
@@ -53,14 +54,16 @@ struct Worst {
 // Or the epilogue's through the local walk (finish_local_kernel: each block merges its stripe's statistics itself), as
 // one block and as kGridBlocks blocks at once, whose stripes' first row chunks alone publish the statistics.
 enum Source {
-  kEpilogue, kYPass, kRanks, kProduct, kClaims, kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid, kLocal, kLocalGrid
+  kEpilogue, kYPass, kRanks, kProduct, kClaims, kYPassClaims, kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid,
+  kLocal, kLocalGrid
 };
-constexpr Source kSources[] = {kEpilogue,    kYPass,        kRanks,          kProduct, kClaims,   kDataflow,
-                               kItemsFirst,  kDataflowGrid, kItemsFirstGrid, kLocal,   kLocalGrid};
+constexpr Source kSources[] = {kEpilogue, kYPass,      kRanks,        kProduct,        kClaims, kYPassClaims,
+                               kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid, kLocal,  kLocalGrid};
 constexpr int kGridBlocks = 3;
 const char* source_name(Source s) {
   return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : s == kProduct ? "product"
-         : s == kClaims ? "claims" : s == kDataflow ? "dataflow" : s == kItemsFirst ? "items 1st"
+         : s == kClaims ? "claims" : s == kYPassClaims ? "y claims" : s == kDataflow ? "dataflow"
+         : s == kItemsFirst ? "items 1st"
          : s == kDataflowGrid ? "flow x3" : s == kItemsFirstGrid ? "items x3" : s == kLocal ? "local" : "local x3";
 }
 
@@ -166,7 +169,7 @@ bool run_ranks(const Case& c, const std::vector<T>& y, std::vector<T>& out, Fini
 
 template <class T>
 Worst run_case(const Case& c, Source source) {
-  const bool product = source == kProduct, from_y = source == kYPass || product;
+  const bool product = source == kProduct, from_y = source == kYPass || source == kYPassClaims || product;
   const int64_t M = c.M;
   const int N = c.N;
   std::mt19937_64 rng(1234);
@@ -250,6 +253,13 @@ Worst run_case(const Case& c, Source source) {
     y_written = std::memcmp(y.data(), stored.data(), M * N * sizeof(T)) == 0;  // pre_norm: y as stored, bitwise
   } else if (source == kYPass) {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true>(p); });
+  } else if (source == kYPassClaims) {
+    int counter = 12345;
+    const int64_t pass_rows = kRowsPerPass * kUnroll;
+    p.passes_per_chunk = int(work.rows_per_chunk / pass_rows), p.pass_items = p.passes_per_chunk * p.items;
+    p.claim_counter = &counter;
+    emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true>(p); });
+    claims_counted = counter == p.pass_items + 1;  // one claim per pass, and the one that found none
   } else if (source == kClaims) {
     int counter = 12345;
     const int64_t pass_rows = kRowsPerPass * kUnroll;
@@ -438,6 +448,8 @@ int main(int argc, char** argv) {
       {"2100x1032, 396 blocks", 2100, 1032, -3, 0, 64, 396, true},
       {"300x8192 (more stripes than blocks)", 300, 8192, 1, 0, 128, 264, false},
       {"2048x264, mean/std 1e4", 2048, 264, 1e4, 0, 64, 264, false},
+      // Few blocks: chunks of several passes, the last chunk short (the y pass's claims past its rows find none).
+      {"5000x264, 24 blocks", 5000, 264, 2, 0, 128, 24, false},
   };
   bool ok = check_fold<float>("float32") & check_fold<__nv_bfloat16>("bfloat16") & check_fold<__half>("float16");
   for (const Case& c : cases) {
