@@ -235,7 +235,7 @@ SOURCE_CASES = [
 @pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
 def test_statistics_sources_match_float64(source, dtype, precision, shape, monkeypatch):
     """Outputs and running statistics against float64 with either source of the statistics (_check_hard_batch); the
-    y pass also with its phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1, the experiment's walk)."""
+    y pass with its phase 2 walked statically and claimed (GEMMBN_FINISH_Y_CLAIMS=0 / 1: the rule's two walks)."""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", source.removesuffix("-claims"))
     monkeypatch.setenv("GEMMBN_FINISH_Y_CLAIMS", "1" if source == "y-claims" else "0")
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")  # gemmbn's GEMM: the source is what is tested here
@@ -244,8 +244,8 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
 
 @pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
 def test_y_pass_claims_match_the_static_walk(dtype, precision, shape, monkeypatch):
-    """The y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1: passes, last passes of phase 0's items first) or walked
-    statically runs the same arithmetic per element: the same bits in the output and the running statistics (the
+    """The y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1: passes, last passes of phase 0's items first; the rule's
+    walk at wide rows) or walked statically runs the same arithmetic per element: the same bits in the output and the running statistics (the
     ragged shapes end on a short chunk, whose last passes are empty claims)."""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "y")
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")

@@ -700,11 +700,16 @@ bool finish_claims_items(int64_t M, int N, int element_bytes, int blocks) {
   if (const char forced = forced_choice("GEMMBN_FINISH_CLAIMS")) return forced == '1';
   return M * N * element_bytes >= kClaimBytesPerBlock * blocks;
 }
-// The y-pass variants' phase 2: claimed passes, last passes of phase 0's items first (normalize_y_pass_claim), only
-// where GEMMBN_FINISH_Y_CLAIMS=1. EXPERIMENT, off: the static walk takes each block's own item last rows first, which
-// ends on the slowest block; claims balance the SMs' shares of the bandwidth, as they do in the partials' variant
-// (perf/NOTES.md v58).
-bool finish_y_pass_claims() { return forced_choice("GEMMBN_FINISH_Y_CLAIMS") == '1'; }
+// Whether the y-pass variants' phase 2 claims passes, last passes of phase 0's items first (normalize_y_pass_claim),
+// instead of each block walking its own item last rows first (which ends on the slowest block): where rows are wide
+// (N >= kYClaimMinColumns) and y large enough for the partials' variant to claim. On an H100 claims won 0.2-1.3% of the
+// training forward at every such shape measured and lost up to 2.4% at N <= 1024 (perf/NOTES.md v58).
+// GEMMBN_FINISH_Y_CLAIMS=0|1 overrides it (tests run both walks; perf A/B runs).
+constexpr int kYClaimMinColumns = 2048;
+bool finish_y_pass_claims(int64_t M, int N, int element_bytes, int blocks) {
+  if (const char forced = forced_choice("GEMMBN_FINISH_Y_CLAIMS")) return forced == '1';
+  return N >= kYClaimMinColumns && M * N * element_bytes >= kClaimBytesPerBlock * blocks;
+}
 // A claimed launch's blocks: two per SM at most (fewer streams in flight for the same bytes: perf/NOTES.md v32).
 constexpr int kClaimBlocksPerSm = 2;
 Status claiming_blocks(int max_blocks, int& blocks) {
@@ -820,7 +825,8 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
     if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
     passes_per_chunk = static_cast<int>(work.rows_per_chunk / kPassRows);  // rows_per_chunk: a multiple of kPassRows
     y_pass_claims = int64_t(passes_per_chunk) * work.items;
-    claims = y_pass_claims <= std::numeric_limits<int>::max() - claim_blocks && finish_y_pass_claims();
+    claims = y_pass_claims <= std::numeric_limits<int>::max() - claim_blocks &&
+             finish_y_pass_claims(a.M, a.N, sizeof(T), claim_blocks);
     if (claims) max_blocks = claim_blocks;
   }
   // Phase 1 takes a block per column group: at small M the normalize items are few (8 at 128x512) and
