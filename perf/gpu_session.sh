@@ -331,7 +331,8 @@ for name in $steps; do
     profile-long-k)
       read -r -a profile_args <<< "${GEMMBN_PROFILE_ARGS:---dtype bfloat16 --size 4096 8192 2048}"
       for variant in ours cublas; do
-        flag=$([[ $variant == cublas ]] && echo --cublas || { [[ ${GEMMBN_PROFILE_NODE:-0} == 1 ]] || echo --no-stats; })
+        node=$([[ ${GEMMBN_PROFILE_NODE:-0} == 1 ]] || echo --no-stats)
+        flag=$([[ $variant == cublas ]] && echo --cublas || echo "$node")
         timeout $(limit 150) bash perf/ncu/profile.sh "$out/ncu-long-k-$variant" "${profile_args[@]}" $flag \
           > "$out/ncu-long-k-$variant.log" 2>&1
         rm -f "$out/ncu-long-k-$variant"/*.ncu-rep "$out/ncu-long-k-$variant"/finish.*
@@ -349,8 +350,8 @@ for name in $steps; do
             --size "${size[@]}" $flag > "$dir.log" 2>&1
           rm -f "$dir"/*.ncu-rep
           echo "-- $dtype $variant"
-          grep -hE "^  *(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Grid Size)" \
-            "$dir"/*.details.txt | head -12
+          headline="Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|Registers Per|Grid Size"
+          grep -hE "^  *($headline)" "$dir"/*.details.txt | head -12
         done
       done ;;
     tune-epilogue)
@@ -414,7 +415,8 @@ for name in $steps; do
         2>&1 | tee "$out/y-claims-tests.log" | tail -3
       sizes="65536 1024 1024;16384 512 8192;65536 512 512;16384 1024 1024;4096 512 8192;16384 2048 8192;4096 1024 1024"
       bench_ab_both_methods y-claims 240 3 static:GEMMBN_FINISH_Y_CLAIMS=0 claims:GEMMBN_FINISH_Y_CLAIMS=1 -- \
-        --sizes "${GEMMBN_Y_CLAIMS_SIZES:-$sizes}" --configs tf32,bf16 --providers gemmbn,eager --no-compile --iters 30 ;;
+        --sizes "${GEMMBN_Y_CLAIMS_SIZES:-$sizes}" --configs tf32,bf16 --providers gemmbn,eager --no-compile \
+        --iters 30 ;;
     *) echo "unknown step '$name'" ;;
   esac
 done

@@ -4,12 +4,13 @@ tests/emulation/finish_normalize_emulated.cpp compiles kernels/src/finish_normal
 shim (tests/_emulation.py) and checks every phase against float64 for float32, bfloat16 and float16, with the
 partials given (the GEMM epilogue's), made by the kernel's own pass over y (whose phase 2 walks rows last first) and
 by the product variant's (y = (v + b) s formed from cuBLAS's x W^T, the kept y written back), with phase 2's
-items claimed from a counter instead of walked statically (the y pass's too: passes, last passes first), and through the dataflow walk while a thread plays the
-GEMM counting its stored tiles (jobs first, the tiles along N; items first, the tiles along M, where an item must stream
-before the GEMM's last column tile), as one block and as three at once (a process each), and through the local walk
-(each block merging its own stripe's statistics, no grid barrier), as one block and as three; and fold_eval_affine;
-the bounds and their reasons are in that file. The same binary then runs the walk beside a GEMM that never stores one
-tile: the walk must give up (the GPU traps) rather than wait forever.
+items claimed from a counter instead of walked statically (the y pass's too: passes, last passes first), and through
+the dataflow walk while a thread plays the GEMM counting its stored tiles (jobs first, the tiles along N; items
+first, the tiles along M, where an item must stream before the GEMM's last column tile), as one block and as three at
+once (a process each), and through the local walk (each block merging its own stripe's statistics, no grid barrier),
+as one block and as three; and fold_eval_affine; the bounds and their reasons are in that file. The same binary
+then runs the walk beside a GEMM that never stores one tile: the walk must give up (the GPU traps) rather than wait
+forever.
 """
 
 import subprocess

@@ -245,8 +245,8 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
 @pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
 def test_y_pass_claims_match_the_static_walk(dtype, precision, shape, monkeypatch):
     """The y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1: passes, last passes of phase 0's items first; the rule's
-    walk at wide rows) or walked statically runs the same arithmetic per element: the same bits in the output and the running statistics (the
-    ragged shapes end on a short chunk, whose last passes are empty claims)."""
+    walk at wide rows) or walked statically runs the same arithmetic per element: the same bits in the output and the
+    running statistics (the ragged shapes end on a short chunk, whose last passes are empty claims)."""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "y")
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
     M, K, N = shape

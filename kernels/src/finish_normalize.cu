@@ -99,8 +99,8 @@ struct FinishParams {
   // Phase 2's items claimed from this counter, last item first (zeroed by block 0 before the grid barrier), instead of
   // walked statically; null: the static walk (finish_claims_items).
   int* claim_counter = nullptr;
-  // The y-pass variants' claimed walk (claim_counter set): a pass of rows per claim over passes_per_chunk passes of each
-  // of phase 0's items (normalize_y_pass_claim), pass_items claims in all.
+  // The y-pass variants' claimed walk (claim_counter set): a pass of rows per claim over passes_per_chunk passes of
+  // each of phase 0's items (normalize_y_pass_claim), pass_items claims in all.
   int passes_per_chunk = 0;
   int pass_items = 0;
   // The dataflow walk (finish_dataflow_kernel): the GEMM's flow counters (tile_flow.h) and its column tiles' width.

@@ -38,7 +38,7 @@ parser.add_argument("--cublas", action="store_true", help="cuBLAS's GEMM + bias 
 parser.add_argument("--config", type=int, default=-1, help="the table row (default: the rule's)")
 parser.add_argument("--raster", type=int, default=-1, help="0 CUTLASS's heuristic, 1 along M, 2 along N")
 parser.add_argument("--swizzle", type=int, default=-1, help="1, 2, 4 or 8 (default: the row's rule)")
-parser.add_argument("--module", action="store_true", help="the drop-in module's training forward (the operator's route)")
+parser.add_argument("--module", action="store_true", help="the drop-in module's training forward (its own route)")
 args = parser.parse_args()
 if args.module and (args.split or args.cublas or args.no_stats or args.config >= 0):
     parser.error("--module takes the operator's own route: no --split, --cublas, --no-stats or --config")
