@@ -53,10 +53,11 @@
 #                     precisions by GEMMBN_SOURCE_CONFIGS (default tf32,bf16)
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
-#   y-claims          the y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1) against its static walk (perf/NOTES.md
-#                     v58): the GPU tests of both walks, then the training forward at the sweep's y-pass shapes (TF32 at
-#                     K = 2048 takes the epilogue: the control), TF32 and bf16, back to back and synchronized, three
-#                     rounds; other sizes by GEMMBN_Y_CLAIMS_SIZES="M K N;..."
+#   y-claims          the y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1) and half claimed (the experiment
+#                     GEMMBN_FINISH_Y_CLAIM_SHARE=50) against its static walk (perf/NOTES.md v58): the GPU tests of the
+#                     walks, then the training forward at the sweep's y-pass shapes (TF32 at K = 2048 takes the
+#                     epilogue: the control), TF32 and bf16, back to back and synchronized, three rounds; other sizes by
+#                     GEMMBN_Y_CLAIMS_SIZES="M K N;..."
 #   wide-tiles        16-bit's cooperative 256x128 row against row 0 (perf/NOTES.md v43): every row's GPU test,
 #                     tune_gemm over rows 0, 6 and 8 without the statistics node at the long-K shapes where the H100
 #                     trailed (GEMMBN_TUNE_SIZES to change), then the bf16 forward there (perf/ab.sh, two rounds) by the
@@ -414,7 +415,8 @@ for name in $steps; do
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py -k "statistics_sources or y_pass_claims" \
         2>&1 | tee "$out/y-claims-tests.log" | tail -3
       sizes="65536 1024 1024;16384 512 8192;65536 512 512;16384 1024 1024;4096 512 8192;16384 2048 8192;4096 1024 1024"
-      bench_ab_both_methods y-claims 240 3 static:GEMMBN_FINISH_Y_CLAIMS=0 claims:GEMMBN_FINISH_Y_CLAIMS=1 -- \
+      bench_ab_both_methods y-claims 250 3 static:GEMMBN_FINISH_Y_CLAIMS=0 claims:GEMMBN_FINISH_Y_CLAIMS=1 \
+        half:GEMMBN_FINISH_Y_CLAIMS=1,GEMMBN_FINISH_Y_CLAIM_SHARE=50 -- \
         --sizes "${GEMMBN_Y_CLAIMS_SIZES:-$sizes}" --configs tf32,bf16 --providers gemmbn,eager --no-compile \
         --iters 30 ;;
     *) echo "unknown step '$name'" ;;

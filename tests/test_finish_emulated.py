@@ -3,14 +3,14 @@
 tests/emulation/finish_normalize_emulated.cpp compiles kernels/src/finish_normalize.cu with the emulation
 shim (tests/_emulation.py) and checks every phase against float64 for float32, bfloat16 and float16, with the
 partials given (the GEMM epilogue's), made by the kernel's own pass over y (whose phase 2 walks rows last first) and
-by the product variant's (y = (v + b) s formed from cuBLAS's x W^T, the kept y written back), with phase 2's
-items claimed from a counter instead of walked statically (the y pass's too: passes, last passes first), and through
-the dataflow walk while a thread plays the GEMM counting its stored tiles (jobs first, the tiles along N; items
-first, the tiles along M, where an item must stream before the GEMM's last column tile), as one block and as three at
-once (a process each), and through the local walk (each block merging its own stripe's statistics, no grid barrier),
-as one block and as three; and fold_eval_affine; the bounds and their reasons are in that file. The same binary
-then runs the walk beside a GEMM that never stores one tile: the walk must give up (the GPU traps) rather than wait
-forever.
+by the product variant's (y = (v + b) s formed from cuBLAS's x W^T, the kept y written back), with phase 2's items
+claimed from a counter instead of walked statically (the y pass's too: passes, last passes first, all or half), and
+through the dataflow walk while a thread plays the GEMM counting its stored tiles (jobs first, the tiles along N;
+items first, the tiles along M, where an item must stream before the GEMM's last column tile), as one block and as
+three at once (a process each), and through the local walk (each block merging its own stripe's statistics, no grid
+barrier), as one block and as three; and fold_eval_affine; the bounds and their reasons are in that file. The same
+binary then runs the walk beside a GEMM that never stores one tile: the walk must give up (the GPU traps) rather than
+wait forever.
 """
 
 import subprocess
@@ -33,7 +33,7 @@ def finish_driver(tmp_path_factory):
 
 
 def test_finish_normalize_on_the_cpu(finish_driver):
-    run_cases(finish_driver, expected_cases=3 + 7 * 12 * 3)  # fold x 3 dtypes; 7 cases x 12 sources x 3 dtypes
+    run_cases(finish_driver, expected_cases=3 + 7 * 13 * 3)  # fold x 3 dtypes; 7 cases x 13 sources x 3 dtypes
 
 
 @pytest.mark.parametrize("first", ["jobs", "items"])

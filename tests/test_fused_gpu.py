@@ -245,23 +245,26 @@ def test_statistics_sources_match_float64(source, dtype, precision, shape, monke
 @pytest.mark.parametrize(("dtype", "precision", "shape"), SOURCE_CASES)
 def test_y_pass_claims_match_the_static_walk(dtype, precision, shape, monkeypatch):
     """The y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1: passes, last passes of phase 0's items first; the rule's
-    walk at wide rows) or walked statically runs the same arithmetic per element: the same bits in the output and the
-    running statistics (the ragged shapes end on a short chunk, whose last passes are empty claims)."""
+    walk at wide rows), half claimed (GEMMBN_FINISH_Y_CLAIM_SHARE=50: each block walks the last half of its own items
+    first, the experiment) or walked statically runs the same arithmetic per element: the same bits in the output and
+    the running statistics (the ragged shapes end on a short chunk, whose last passes are empty claims)."""
     monkeypatch.setenv("GEMMBN_STATISTICS_SOURCE", "y")
     monkeypatch.setenv("GEMMBN_TRAIN_PRODUCT", "gemmbn")
     M, K, N = shape
     model = _model(dtype, precision, K, N)
     x = _x(M, K, dtype)
     results = {}
-    for walk in ("0", "1"):
-        monkeypatch.setenv("GEMMBN_FINISH_Y_CLAIMS", walk)
+    for walk, claims, share in (("static", "0", ""), ("claims", "1", ""), ("half", "1", "50")):
+        monkeypatch.setenv("GEMMBN_FINISH_Y_CLAIMS", claims)
+        monkeypatch.setenv("GEMMBN_FINISH_Y_CLAIM_SHARE", share)
         copy_ = copy.deepcopy(model)
         with fused_path(), torch.no_grad():
             out = copy_(x)
         results[walk] = (out, copy_.bn.running_mean, copy_.bn.running_var)
-    assert not results["1"][0].isnan().any()
-    for static, claimed in zip(results["0"], results["1"]):
-        assert torch.equal(static, claimed)
+    assert not results["static"][0].isnan().any()
+    for walk in ("claims", "half"):
+        for static, claimed in zip(results["static"], results[walk]):
+            assert torch.equal(static, claimed), walk
 
 
 def _check_hard_batch(dtype, precision, shape, what):

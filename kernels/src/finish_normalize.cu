@@ -99,9 +99,11 @@ struct FinishParams {
   // Phase 2's items claimed from this counter, last item first (zeroed by block 0 before the grid barrier), instead of
   // walked statically; null: the static walk (finish_claims_items).
   int* claim_counter = nullptr;
-  // The y-pass variants' claimed walk (claim_counter set): a pass of rows per claim over passes_per_chunk passes of
-  // each of phase 0's items (normalize_y_pass_claim), pass_items claims in all.
+  // The y-pass variants' claimed walk (claim_counter set): of the passes_per_chunk passes of each of phase 0's items,
+  // the first claimed_passes are claimed a pass of rows at a time (normalize_y_pass_claim; pass_items claims in all),
+  // after each block has walked the rest of its own items (y_pass_own_tails).
   int passes_per_chunk = 0;
+  int claimed_passes = 0;
   int pass_items = 0;
   // The dataflow walk (finish_dataflow_kernel): the GEMM's flow counters (tile_flow.h) and its column tiles' width.
   int* flow = nullptr;
@@ -398,18 +400,34 @@ __device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int ite
                                               factors);
 }
 
-// The y-pass variants' claimed walk: claim k is pass passes_per_chunk - 1 - k / items of phase 0's item k % items. So
-// the walk takes the last pass of every item first, then the one before: the rows phase 0 read last (every block
-// streams its item at once), which are the likeliest still in L2 (perf/NOTES.md v58). A pass past a short last chunk's
-// rows is empty.
+// The y-pass variants' claimed walk: claim k is pass claimed_passes - 1 - k / items of phase 0's item k % items. So
+// the walk takes the last claimed pass of every item first, then the one before: the rows phase 0 read last (every
+// block streams its item at once), which are the likeliest still in L2 (perf/NOTES.md v58). A pass past a short last
+// chunk's rows is empty.
 template <class T, bool kProduct>
 __device__ __forceinline__ void normalize_y_pass_claim(FinishParams<T> const& p, int k) {
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
-  const int item = k % p.items, pass = p.passes_per_chunk - 1 - k / p.items;
+  const int item = k % p.items, pass = p.claimed_passes - 1 - k / p.items;
   const int64_t chunk_begin = item / p.stripes * p.rows_per_chunk;
   const int64_t row_begin = chunk_begin + pass * kPassRows;
   const int64_t row_end = min(min(p.M, chunk_begin + p.rows_per_chunk), row_begin + kPassRows);
   normalize_span<T, false, kProduct>(p, item % p.stripes, row_begin, row_end, workspace_factors(p));
+}
+
+// Before its claims, each block walks the unclaimed passes of the items it streamed in phase 0 (the rows from pass
+// claimed_passes on), last rows first, as the static walk does: the rows of y its own SM read last, which L2 holds for
+// it more often than for another SM (perf/NOTES.md v58). Nothing where every pass is claimed.
+template <class T, bool kProduct>
+__device__ __forceinline__ void y_pass_own_tails(FinishParams<T> const& p) {
+  constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
+  if (p.claimed_passes >= p.passes_per_chunk) return;  // uniform
+  const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
+  const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
+  for (int item = last_item; item >= 0; item -= blocks) {
+    const int64_t chunk_begin = item / p.stripes * p.rows_per_chunk;
+    normalize_span<T, true, kProduct>(p, item % p.stripes, chunk_begin + p.claimed_passes * kPassRows,
+                                      min(p.M, chunk_begin + p.rows_per_chunk), workspace_factors(p));
+  }
 }
 
 // Phase 2 over every item. Statically, block b takes items b, b + blocks, ... (kLastRowsFirst: the same items, last
@@ -429,6 +447,7 @@ __device__ void normalize_rows(FinishParams<T> const& p) {
     return;
   }
   __shared__ int claimed[2];  // alternate slots: a slot is rewritten two claims later, after a barrier
+  if constexpr (kLastRowsFirst) y_pass_own_tails<T, kProduct>(p);
   if (threadIdx.x == 0) claimed[0] = atomicAdd(p.claim_counter, 1);
   __syncthreads();
   int item = claimed[0];
@@ -710,6 +729,16 @@ bool finish_y_pass_claims(int64_t M, int N, int element_bytes, int blocks) {
   if (const char forced = forced_choice("GEMMBN_FINISH_Y_CLAIMS")) return forced == '1';
   return N >= kYClaimMinColumns && M * N * element_bytes >= kClaimBytesPerBlock * blocks;
 }
+// Of each item's passes, how many a claimed y pass claims (its first rows; the owner walks the rest first): every one,
+// unless GEMMBN_FINISH_Y_CLAIM_SHARE=P (a percentage, 1-100) claims the first P% of them (at least one). EXPERIMENT,
+// not yet run on a GPU: the static walk's L2 hits for the rows each SM read last, the claims' balance for the rest
+// (perf/NOTES.md v58's next step 3).
+int y_pass_claimed_passes(int passes_per_chunk) {
+  const char* share = std::getenv("GEMMBN_FINISH_Y_CLAIM_SHARE");
+  const long percent = share != nullptr && *share != '\0' ? std::strtol(share, nullptr, 10) : 100;
+  if (percent < 1 || percent >= 100) return passes_per_chunk;
+  return std::max(1, static_cast<int>((int64_t(passes_per_chunk) * percent + 99) / 100));
+}
 // A claimed launch's blocks: two per SM at most (fewer streams in flight for the same bytes: perf/NOTES.md v32).
 constexpr int kClaimBlocksPerSm = 2;
 Status claiming_blocks(int max_blocks, int& blocks) {
@@ -809,7 +838,7 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_work<T, kFromY>(a.M, a.N, work, max_blocks); !s) return s;
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
   bool claims = false;
-  int passes_per_chunk = 0;
+  int passes_per_chunk = 0, claimed_passes = 0;
   int64_t y_pass_claims = 0;
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
   if constexpr (!kFromY && kMode != FinishMode::moments) {
@@ -824,7 +853,8 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
     int claim_blocks = 0;
     if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
     passes_per_chunk = static_cast<int>(work.rows_per_chunk / kPassRows);  // rows_per_chunk: a multiple of kPassRows
-    y_pass_claims = int64_t(passes_per_chunk) * work.items;
+    claimed_passes = y_pass_claimed_passes(passes_per_chunk);
+    y_pass_claims = int64_t(claimed_passes) * work.items;
     claims = y_pass_claims <= std::numeric_limits<int>::max() - claim_blocks &&
              finish_y_pass_claims(a.M, a.N, sizeof(T), claim_blocks);
     if (claims) max_blocks = claim_blocks;
@@ -846,6 +876,7 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (claims) {
     p.claim_counter = reinterpret_cast<int*>(p.delta + a.N);
     p.passes_per_chunk = passes_per_chunk;
+    p.claimed_passes = claimed_passes;
     p.pass_items = static_cast<int>(y_pass_claims);
   }
   return Status::from_cuda(launch_cooperative(kernel, blocks, kThreads, p, stream),

@@ -46,7 +46,8 @@ struct Worst {
 // ranks' moments (the synchronized forward's two launches: run_ranks), or the product variant's pass (the buffer holds
 // x W^T alone, a cuBLAS product; the variant forms y = (v + b) s, takes the y pass over it and writes y back in place),
 // or the epilogue's with phase 2's items (a pass of rows each) claimed from a counter (poisoned: the launch zeroes it),
-// or the y pass's with phase 2's passes claimed so (the last passes of phase 0's items first),
+// or the y pass's with phase 2's passes claimed so (the last passes of phase 0's items first), every pass or (half
+// claims) the first half of each item's, the block walking the rest of its items first,
 // or the epilogue's through the dataflow walk (finish_dataflow_kernel) while a thread plays the GEMM (count_tiles):
 // jobs first with the GEMM's tiles stored along N (every column tile complete only with the last row band), or items
 // first with them stored along M (column tile by column tile); each as one block, and as kGridBlocks blocks at once (a
@@ -54,15 +55,17 @@ struct Worst {
 // Or the epilogue's through the local walk (finish_local_kernel: each block merges its stripe's statistics itself), as
 // one block and as kGridBlocks blocks at once, whose stripes' first row chunks alone publish the statistics.
 enum Source {
-  kEpilogue, kYPass, kRanks, kProduct, kClaims, kYPassClaims, kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid,
-  kLocal, kLocalGrid
+  kEpilogue, kYPass, kRanks, kProduct, kClaims, kYPassClaims, kYPassHalfClaims, kDataflow, kItemsFirst, kDataflowGrid,
+  kItemsFirstGrid, kLocal, kLocalGrid
 };
-constexpr Source kSources[] = {kEpilogue, kYPass,      kRanks,        kProduct,        kClaims, kYPassClaims,
-                               kDataflow, kItemsFirst, kDataflowGrid, kItemsFirstGrid, kLocal,  kLocalGrid};
+constexpr Source kSources[] = {kEpilogue,    kYPass,           kRanks,    kProduct,    kClaims,
+                               kYPassClaims, kYPassHalfClaims, kDataflow, kItemsFirst, kDataflowGrid,
+                               kItemsFirstGrid, kLocal, kLocalGrid};
 constexpr int kGridBlocks = 3;
 const char* source_name(Source s) {
   return s == kEpilogue ? "epilogue" : s == kYPass ? "y pass" : s == kRanks ? "3 ranks" : s == kProduct ? "product"
-         : s == kClaims ? "claims" : s == kYPassClaims ? "y claims" : s == kDataflow ? "dataflow"
+         : s == kClaims ? "claims" : s == kYPassClaims ? "y claims" : s == kYPassHalfClaims ? "y half claims"
+         : s == kDataflow ? "dataflow"
          : s == kItemsFirst ? "items 1st"
          : s == kDataflowGrid ? "flow x3" : s == kItemsFirstGrid ? "items x3" : s == kLocal ? "local" : "local x3";
 }
@@ -169,7 +172,8 @@ bool run_ranks(const Case& c, const std::vector<T>& y, std::vector<T>& out, Fini
 
 template <class T>
 Worst run_case(const Case& c, Source source) {
-  const bool product = source == kProduct, from_y = source == kYPass || source == kYPassClaims || product;
+  const bool product = source == kProduct;
+  const bool from_y = source == kYPass || source == kYPassClaims || source == kYPassHalfClaims || product;
   const int64_t M = c.M;
   const int N = c.N;
   std::mt19937_64 rng(1234);
@@ -253,11 +257,12 @@ Worst run_case(const Case& c, Source source) {
     y_written = std::memcmp(y.data(), stored.data(), M * N * sizeof(T)) == 0;  // pre_norm: y as stored, bitwise
   } else if (source == kYPass) {
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true>(p); });
-  } else if (source == kYPassClaims) {
+  } else if (source == kYPassClaims || source == kYPassHalfClaims) {
     int counter = 12345;
     const int64_t pass_rows = kRowsPerPass * kUnroll;
-    p.passes_per_chunk = int(work.rows_per_chunk / pass_rows), p.pass_items = p.passes_per_chunk * p.items;
-    p.claim_counter = &counter;
+    p.passes_per_chunk = int(work.rows_per_chunk / pass_rows);
+    p.claimed_passes = source == kYPassClaims ? p.passes_per_chunk : (p.passes_per_chunk + 1) / 2;
+    p.pass_items = p.claimed_passes * p.items, p.claim_counter = &counter;
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true>(p); });
     claims_counted = counter == p.pass_items + 1;  // one claim per pass, and the one that found none
   } else if (source == kClaims) {
