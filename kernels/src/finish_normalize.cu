@@ -99,12 +99,10 @@ struct FinishParams {
   // Phase 2's items claimed from this counter, last item first (zeroed by block 0 before the grid barrier), instead of
   // walked statically; null: the static walk (finish_claims_items).
   int* claim_counter = nullptr;
-  // The y-pass variants' claimed walk (claim_counter set): of the passes_per_chunk passes of each of phase 0's items,
-  // the first claimed_passes are claimed a pass of rows at a time (normalize_y_pass_claim; pass_items claims in all),
-  // after each block has walked the rest of its own items (y_pass_own_tails).
-  int passes_per_chunk = 0;
+  // The y-pass variants' claimed walk (claim_counter set): of the passes of rows of each of phase 0's items, the first
+  // claimed_passes are claimed one at a time (normalize_y_pass_claim), after each block has walked the rest of its own
+  // items (y_pass_own_rows). 0 without claims: the blocks walk their whole items.
   int claimed_passes = 0;
-  int pass_items = 0;
   // The dataflow walk (finish_dataflow_kernel): the GEMM's flow counters (tile_flow.h) and its column tiles' width.
   int* flow = nullptr;
   int column_tiles = 0, tile_columns = 0;
@@ -392,12 +390,11 @@ __device__ __forceinline__ void normalize_span(FinishParams<T> const& p, int str
   }
 }
 
-// Phase 2 on work item `item` (stripe item % stripes, rows of chunk item / stripes).
-template <class T, bool kLastRowsFirst, bool kProduct>
+// Phase 2 on work item `item` (stripe item % stripes, rows of chunk item / stripes), first rows first.
+template <class T, bool kProduct>
 __device__ __forceinline__ void normalize_item(FinishParams<T> const& p, int item, ColumnFactors const& factors) {
   const int64_t row_begin = item / p.stripes * p.rows_per_chunk;
-  normalize_span<T, kLastRowsFirst, kProduct>(p, item % p.stripes, row_begin, min(p.M, row_begin + p.rows_per_chunk),
-                                              factors);
+  normalize_span<T, false, kProduct>(p, item % p.stripes, row_begin, min(p.M, row_begin + p.rows_per_chunk), factors);
 }
 
 // The y-pass variants' claimed walk: claim k is pass claimed_passes - 1 - k / items of phase 0's item k % items. So
@@ -414,13 +411,14 @@ __device__ __forceinline__ void normalize_y_pass_claim(FinishParams<T> const& p,
   normalize_span<T, false, kProduct>(p, item % p.stripes, row_begin, row_end, workspace_factors(p));
 }
 
-// Before its claims, each block walks the unclaimed passes of the items it streamed in phase 0 (the rows from pass
-// claimed_passes on), last rows first, as the static walk does: the rows of y its own SM read last, which L2 holds for
-// it more often than for another SM (perf/NOTES.md v58). Nothing where every pass is claimed.
+// The y pass's static walk: each block walks the items it streamed in phase 0, last item and last rows first, from
+// pass claimed_passes on (its whole items without claims; before its claims, the unclaimed rest): the rows of y its
+// own SM read last, which L2 holds for it more often than for another SM (perf/NOTES.md v18, v58). Nothing where
+// every pass is claimed.
 template <class T, bool kProduct>
-__device__ __forceinline__ void y_pass_own_tails(FinishParams<T> const& p) {
+__device__ __forceinline__ void y_pass_own_rows(FinishParams<T> const& p) {
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
-  if (p.claimed_passes >= p.passes_per_chunk) return;  // uniform
+  if (p.claimed_passes * kPassRows >= p.rows_per_chunk) return;  // uniform
   const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
   const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
   for (int item = last_item; item >= 0; item -= blocks) {
@@ -430,34 +428,34 @@ __device__ __forceinline__ void y_pass_own_tails(FinishParams<T> const& p) {
   }
 }
 
-// Phase 2 over every item. Statically, block b takes items b, b + blocks, ... (kLastRowsFirst: the same items, last
-// first); with claim_counter, each block claims its next item while the current one streams, so a block on an SM with
-// less of the memory bandwidth takes fewer items (the static walk ends on its slowest block: perf/NOTES.md v31).
+// Phase 2 over every item. Statically, block b takes items b, b + blocks, ... (kLastRowsFirst, the y pass: the same
+// items, last first: y_pass_own_rows); with claim_counter, each block claims its next item while the current one
+// streams, so a block on an SM with less of the memory bandwidth takes fewer items (the static walk ends on its
+// slowest block: perf/NOTES.md v31).
 // Claims go last item first: the rows the GEMM wrote last are the likeliest still in L2 (perf/NOTES.md v32); the y
 // pass's (kLastRowsFirst) claims are passes, last passes first (normalize_y_pass_claim).
 template <class T, bool kLastRowsFirst = false, bool kProduct = false>
 __device__ void normalize_rows(FinishParams<T> const& p) {
+  if constexpr (kLastRowsFirst) y_pass_own_rows<T, kProduct>(p);  // all of phase 2 without claims
   if (p.claim_counter == nullptr) {
-    const int first = static_cast<int>(blockIdx.x), blocks = static_cast<int>(gridDim.x);
-    const int last_item = first < p.items ? first + (p.items - 1 - first) / blocks * blocks : -1;
-    for (int item = kLastRowsFirst ? last_item : first; kLastRowsFirst ? item >= 0 : item < p.items;
-         item += kLastRowsFirst ? -blocks : blocks) {
-      normalize_item<T, kLastRowsFirst, kProduct>(p, item, workspace_factors(p));
+    if constexpr (!kLastRowsFirst) {
+      for (int item = static_cast<int>(blockIdx.x); item < p.items; item += static_cast<int>(gridDim.x)) {
+        normalize_item<T, kProduct>(p, item, workspace_factors(p));
+      }
     }
     return;
   }
   __shared__ int claimed[2];  // alternate slots: a slot is rewritten two claims later, after a barrier
-  if constexpr (kLastRowsFirst) y_pass_own_tails<T, kProduct>(p);
   if (threadIdx.x == 0) claimed[0] = atomicAdd(p.claim_counter, 1);
   __syncthreads();
   int item = claimed[0];
-  const int claims = kLastRowsFirst ? p.pass_items : p.items;  // the y pass's (kLastRowsFirst) pass claims
+  const int claims = kLastRowsFirst ? p.claimed_passes * p.items : p.items;  // the y pass's (kLastRowsFirst): passes
   for (int k = 1; item < claims; ++k) {  // uniform across the block
     if (threadIdx.x == 0) claimed[k & 1] = atomicAdd(p.claim_counter, 1);
     if constexpr (kLastRowsFirst) {
       normalize_y_pass_claim<T, kProduct>(p, item);
     } else {
-      normalize_item<T, false, kProduct>(p, p.items - 1 - item, workspace_factors(p));
+      normalize_item<T, kProduct>(p, p.items - 1 - item, workspace_factors(p));
     }
     __syncthreads();
     item = claimed[k & 1];
@@ -504,7 +502,7 @@ __global__ void __launch_bounds__(kThreads) finish_local_kernel(FinishParams<T> 
     const int stripe = item % p.stripes;
     const ColumnFactors factors{alpha, delta, stripe * kCols, /*publish=*/item < p.stripes};  // row chunk 0
     merge_column_group<kCols, FinishMode::normalize>(p, stripe, lane_s1, lane_s2, factors);  // ends with a barrier
-    normalize_item<T, false, false>(p, item, factors);
+    normalize_item<T, false>(p, item, factors);
   }
 }
 
@@ -596,7 +594,7 @@ __global__ void __launch_bounds__(kThreads) finish_dataflow_kernel(FinishParams<
       held = atomicAdd(item_claims, 1), held_stripe = -1;
       read_stripe();
     }
-    normalize_item<T, false, false>(p, (passes - 1 - index % passes) * p.stripes + stripe, workspace_factors(p));
+    normalize_item<T, false>(p, (passes - 1 - index % passes) * p.stripes + stripe, workspace_factors(p));
     __syncthreads();
     // Once every stripe is queued, the block copies the queue into shared memory and reads no entry again.
     if (!queue_complete) {  // uniform: read after a barrier, written below after another
@@ -838,8 +836,7 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if (Status s = finish_work<T, kFromY>(a.M, a.N, work, max_blocks); !s) return s;
   if (kFromY && a.tile_rows != work.rows_per_chunk) return Status::invalid("tile_rows must be finish_partial_rows");
   bool claims = false;
-  int passes_per_chunk = 0, claimed_passes = 0;
-  int64_t y_pass_claims = 0;
+  int claimed_passes = 0;
   constexpr int64_t kPassRows = kRowsPerPass * kUnroll;
   if constexpr (!kFromY && kMode != FinishMode::moments) {
     const int64_t claim_items = pass_items(a.dtype, a.M, a.N);
@@ -852,9 +849,9 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   if constexpr (kFromY && kMode == FinishMode::normalize) {  // phase 0's items stay; phase 2 claims passes of them
     int claim_blocks = 0;
     if (Status s = claiming_blocks(max_blocks, claim_blocks); !s) return s;
-    passes_per_chunk = static_cast<int>(work.rows_per_chunk / kPassRows);  // rows_per_chunk: a multiple of kPassRows
-    claimed_passes = y_pass_claimed_passes(passes_per_chunk);
-    y_pass_claims = int64_t(claimed_passes) * work.items;
+    // rows_per_chunk is a multiple of kPassRows (work_items)
+    claimed_passes = y_pass_claimed_passes(static_cast<int>(work.rows_per_chunk / kPassRows));
+    const int64_t y_pass_claims = int64_t(claimed_passes) * work.items;
     claims = y_pass_claims <= std::numeric_limits<int>::max() - claim_blocks &&
              finish_y_pass_claims(a.M, a.N, sizeof(T), claim_blocks);
     if (claims) max_blocks = claim_blocks;
@@ -875,9 +872,7 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   FinishParams<T> p = finish_params<T, kMode>(a, work, partials);
   if (claims) {
     p.claim_counter = reinterpret_cast<int*>(p.delta + a.N);
-    p.passes_per_chunk = passes_per_chunk;
     p.claimed_passes = claimed_passes;
-    p.pass_items = static_cast<int>(y_pass_claims);
   }
   return Status::from_cuda(launch_cooperative(kernel, blocks, kThreads, p, stream),
                            "launching finish_normalize (cooperative)");

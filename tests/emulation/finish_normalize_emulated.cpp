@@ -260,11 +260,10 @@ Worst run_case(const Case& c, Source source) {
   } else if (source == kYPassClaims || source == kYPassHalfClaims) {
     int counter = 12345;
     const int64_t pass_rows = kRowsPerPass * kUnroll;
-    p.passes_per_chunk = int(work.rows_per_chunk / pass_rows);
-    p.claimed_passes = source == kYPassClaims ? p.passes_per_chunk : (p.passes_per_chunk + 1) / 2;
-    p.pass_items = p.claimed_passes * p.items, p.claim_counter = &counter;
+    const int passes = int(work.rows_per_chunk / pass_rows);
+    p.claimed_passes = source == kYPassClaims ? passes : (passes + 1) / 2, p.claim_counter = &counter;
     emulation::run_block(kThreads, [&p] { finish_normalize_kernel<T, true>(p); });
-    claims_counted = counter == p.pass_items + 1;  // one claim per pass, and the one that found none
+    claims_counted = counter == p.claimed_passes * p.items + 1;  // a claim per claimed pass, and one finding none
   } else if (source == kClaims) {
     int counter = 12345;
     const int64_t pass_rows = kRowsPerPass * kUnroll;
