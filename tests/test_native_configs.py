@@ -22,7 +22,7 @@ if _REASON is not None and "is missing" in _REASON:
 TABLES = [("float32", False), ("bfloat16", False), ("float16", False), ("float32", True)]
 TABLE_IDS = ["tf32", "bf16", "fp16", "split"]
 FIELDS = {"tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster", "swizzle",
-          "promote_tiles", "stream_k", "statistics", "presplit", "partial_rows"}
+          "promote_tiles", "stream_k", "statistics", "presplit", "merge_per_tile", "partial_rows"}
 
 
 @pytest.mark.parametrize("dtype,split", TABLES, ids=TABLE_IDS)
@@ -43,6 +43,9 @@ def test_every_row_is_a_valid_configuration(dtype, split):
         assert row["stream_k"] in (0, 1) and not (row["stream_k"] and row["pingpong"])
         # A row without the statistics node serves launches without partials (eval, statistics from y) only.
         assert row["statistics"] in (0, 1) and (row["statistics"] or not split)
+        # The node's per-tile merge: cooperative rows with the node (its shared memory holds 8 warps' entries).
+        assert row["merge_per_tile"] in (0, 1)
+        assert not row["merge_per_tile"] or (row["statistics"] and not row["pingpong"])
         if split:
             # The split mainloop: cooperative 128 x 128 tiles of 32-column k-tiles, clusters along M only.
             assert (row["tile_m"], row["tile_n"], row["tile_k"], row["pingpong"], row["cluster_n"]) == (128, 128, 32, 0, 1)

@@ -165,6 +165,21 @@ def _row(name, row):
 STREAM_K_ROWS = [(name, row) for name, row in CONFIG_ROWS if _row(name, row)["stream_k"]]
 
 
+MERGE_PER_TILE_ROWS = [(name, row) for name, row in CONFIG_ROWS if _row(name, row)["merge_per_tile"]]
+
+
+@pytest.mark.parametrize("name,row", MERGE_PER_TILE_ROWS)  # experiment rows: none in a default build
+def test_merge_per_tile_rows_across_many_tiles(name, row):
+    # The node's per-tile merge reuses its shared memory from tile to tile with no barrier of its own (CUTLASS's
+    # store after the merge orders them): 33 x 9 tiles on at most 132 SMs, so CTAs run several, with a ragged last
+    # M tile (8 rows: the per-subtile path) and a ragged last N tile (8 columns).
+    problem = _problem(8200, 512, 1032, _dtype(name), seed=row)
+    _check_gemm_and_partials(*problem, name, config=row)
+    first, second = _gemm(*problem, name, config=row), _gemm(*problem, name, config=row)
+    for a, c in zip(first[:3], second[:3]):
+        assert torch.equal(a, c), "a fixed merge order must give the same bits on every run"
+
+
 @pytest.mark.parametrize("name,row", STREAM_K_ROWS)
 @pytest.mark.parametrize("M,K,N,splits", [(1000, 512, 264, 3), (300, 4096, 1032, 4), (4000, 2048, 4096, -1),
                                           (300, 4096, 1032, 1)])

@@ -301,7 +301,7 @@ bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int
   const TileConfig& c = config_at(operands, config);
   const int row[kConfigFields] = {c.tile_m,   c.tile_n,   c.tile_k, c.cluster_m,     c.cluster_n, c.epilogue_n,
                                   c.pingpong, c.raster, unpadded_swizzle(c, M, N), c.promote_tiles, c.stream_k,
-                                  c.statistics, c.presplit, partial_rows(c)};
+                                  c.statistics, c.presplit, c.merge_per_tile, partial_rows(c)};
   for (int i = 0; i < kConfigFields; ++i) out[i] = row[i];
   return true;
 }

@@ -20,7 +20,8 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 
 # gemm_config_row's fields, in api.h's order (kConfigFields).
 CONFIG_FIELDS = ("tile_m", "tile_n", "tile_k", "cluster_m", "cluster_n", "epilogue_n", "pingpong", "raster",
-                 "swizzle", "promote_tiles", "stream_k", "statistics", "presplit", "partial_rows")  # fmt: skip
+                 "swizzle", "promote_tiles", "stream_k", "statistics", "presplit", "merge_per_tile",
+                 "partial_rows")  # fmt: skip
 
 
 @functools.cache

@@ -103,10 +103,10 @@ int gemm_selected_config(GemmOperands operands, int M, int N, int K, bool statis
 int device_dram_gbps();
 // Row `config` of the table (config < 0: the row picked for the problem), as
 // {tile_m, tile_n, tile_k, cluster_m, cluster_n, epilogue_n, pingpong, raster, swizzle, promote_tiles,
-// stream_k, statistics, presplit, partial_rows}; partial_rows (last) is the number of rows per statistics partial,
-// swizzle the one this problem's launch passes (the row's, reduced where it would pad tiles: configs.h
-// unpadded_swizzle). False if config is out of range.
-inline constexpr int kConfigFields = 14;
+// stream_k, statistics, presplit, merge_per_tile, partial_rows}; partial_rows (last) is the number of rows per
+// statistics partial, swizzle the one this problem's launch passes (the row's, reduced where it would pad tiles:
+// configs.h unpadded_swizzle). False if config is out of range.
+inline constexpr int kConfigFields = 15;
 bool gemm_config_row(GemmOperands operands, int config, int M, int N, int K, int out[kConfigFields],
                      bool statistics = true);
 // Workspace the call needs (args' dtype, split weight and partial_mean presence, M, N, K, config and

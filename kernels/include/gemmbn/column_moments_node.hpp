@@ -17,6 +17,9 @@
 //   counts without a division (reduce_full_tile); the ragged tile carries counts (reduce_partial_tile).
 // - The warp-merge scratch is the epilogue's current D smem stage, free between the store pipeline's
 //   acquire and the register-to-smem copy that follows reduce().
+// - kMergePerTile (configs.h merge_per_tile; cooperative rows, EXPERIMENT): full tiles merge their subtile rows per
+//   thread, their lanes once per subtile column, and their warps once per tile, through shared memory of the node's
+//   own (CTA_N x 8 warps x (mean, M2) floats), so a tile takes one barrier of the node's instead of two per subtile.
 // - batches_tracked (optional) is incremented once per launch by tile (0, 0): the finish kernel runs
 //   after the GEMM on the stream and reads the new count for momentum=None.
 // - flow (optional, gemmbn/tile_flow.h): each tile inside the problem, once its y is written (not only read out of
@@ -42,9 +45,17 @@ struct ColumnMomentsArguments {
   int* flow = nullptr;    // the finish's dataflow counters, zeroed before the launch (tile_flow.h); null: none
 };
 
-template <class CtaTileShapeMNK>
+template <class CtaTileShapeMNK, bool kMergePerTile = false>
 struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
-  struct SharedStorage {};
+  static constexpr int kTileColumns = decltype(size<1>(CtaTileShapeMNK{}))::value;
+  // The warps along M of a cooperative epilogue (two consumer warpgroups: 8) bound the per-tile merge's entries.
+  static constexpr int kMaxWarpsM = 8;
+  struct TileMergeStorage {
+    float mean[kTileColumns * kMaxWarpsM];  // [column][warp_m], this tile's lane-merged moments
+    float m2[kTileColumns * kMaxWarpsM];
+  };
+  struct NoStorage {};
+  using SharedStorage = cute::conditional_t<kMergePerTile, TileMergeStorage, NoStorage>;
 
   template <class ProblemShape>
   static bool can_implement(ProblemShape const&, Arguments const& args) {
@@ -52,14 +63,16 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
   }
 
   CUTLASS_HOST_DEVICE Sm90ColumnMoments() {}
-  CUTLASS_HOST_DEVICE Sm90ColumnMoments(Params const& params, SharedStorage const&) : params(params) {}
+  CUTLASS_HOST_DEVICE Sm90ColumnMoments(Params const& params, SharedStorage const& shared)
+      : params(params), tile_merge(const_cast<SharedStorage*>(&shared)) {}
 
   Params params;
+  SharedStorage* tile_merge = nullptr;  // used only where kMergePerTile
 
   // SubtileCoords: (CPY,CPY_M,CPY_N,EPI_M,EPI_N) CTA-relative (m, n) of each value this thread visits.
   // ColumnSlots:   (CPY,CPY_M,CPY_N) register layout with stride 0 along rows: one slot per column.
   template <class SubtileCoords, class Residue, class ColumnSlots, class LaneLayoutMN, class WarpLayoutMN,
-            int EpiTileM, int EpiTileN, int kEpiM, int kThreads>
+            int EpiTileM, int EpiTileN, int kEpiM, int kEpiN, int kThreads>
   struct ConsumerStoreCallbacks : fusion::detail::EmptyConsumerStoreCallbacks {
     static constexpr int kValues = decltype(size(ColumnSlots{}))::value;  // values per thread per subtile
     static constexpr int kLanesM = decltype(size<0>(LaneLayoutMN{}))::value;
@@ -100,12 +113,22 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
     }
     static_assert(lane_m_steps_are_lane_bits(), "lanes along M must differ in their own bits of the lane index");
 
-    CUTLASS_DEVICE ConsumerStoreCallbacks(Params const& params, SubtileCoords coords, Residue residue, int m_tile,
-                                          int n_tile, int n_total, int lane_m, int warp_m, int thread_idx)
-        : params(params), coords(coords), residue(residue), m_tile(m_tile), n_tile(n_tile), n_total(n_total),
-          lane_m(lane_m), warp_m(warp_m), thread_idx(thread_idx) {}
+    // The per-tile merge: entries (column, warp_m) of the whole tile, the rounds for them, and the subtile rows a
+    // thread merges in registers before its lanes merge (CUTLASS walks epi_m innermost, so they are consecutive).
+    static constexpr int kTilePlane = kWarpsM * EpiTileN * kEpiN;
+    static constexpr int kTileRounds = (kTilePlane + kThreads - 1) / kThreads;
+    static_assert(!kMergePerTile || (EpiTileN * kEpiN == kTileColumns && kWarpsM <= kMaxWarpsM &&
+                                     (kEpiM == 1 || kEpiM == 2)),
+                  "the per-tile merge: subtiles tile the CTA's columns, at most kMaxWarpsM warps and two subtile rows");
+
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Params const& params, SharedStorage* tile_merge, SubtileCoords coords,
+                                          Residue residue, int m_tile, int n_tile, int n_total, int lane_m, int warp_m,
+                                          int thread_idx)
+        : params(params), tile_merge(tile_merge), coords(coords), residue(residue), m_tile(m_tile), n_tile(n_tile),
+          n_total(n_total), lane_m(lane_m), warp_m(warp_m), thread_idx(thread_idx) {}
 
     Params const& params;
+    SharedStorage* tile_merge;
     SubtileCoords coords;
     Residue residue;  // (rows, cols) of the problem left from the CTA origin
     int m_tile, n_tile, n_total, lane_m, warp_m, thread_idx;
@@ -113,6 +136,8 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
     // The tile's earlier subtile rows of the current columns, per round, in the thread that writes them.
     // Their count is epi_m * EpiTileM: only a tile's last subtile inside the problem can be short.
     cutlass::Array<float, kRounds> carry_mean, carry_m2;
+    // The per-tile merge: this thread's column slots of the subtile rows before the current one (epi_m = 0).
+    cutlass::Array<float, kMergePerTile ? kSlots : 1> slot_carry_mean, slot_carry_m2;
 
     template <class ElementAccumulator, class ElementInput, int FragmentSize>
     CUTLASS_DEVICE cutlass::Array<ElementInput, FragmentSize> visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v,
@@ -136,6 +161,12 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
                             sizeof(typename cute::remove_cvref_t<SmemTensor>::value_type),
                     "epilogue smem stage too small for the column-moments scratch");
       float* scratch = reinterpret_cast<float*>(raw_pointer_cast(smem_buffer.data()));
+      if constexpr (kMergePerTile) {
+        if (get<0>(residue) >= kEpiM * EpiTileM) {  // every row of the tile (uniform across the CTA)
+          reduce_full_tile_once(sync_fn, epi_m, epi_n);
+          return;
+        }
+      }
       if (rows_left >= EpiTileM) {
         reduce_full_tile(scratch, sync_fn, epi_m, epi_n);
       } else {
@@ -148,9 +179,84 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
     // No counts, no division, no bounds checks. Columns past N are reduced too and never written.
     template <class SyncFn>
     CUTLASS_DEVICE void reduce_full_tile(float* scratch, SyncFn const& sync_fn, int epi_m, int epi_n) {
-      // 1. Per thread and column slot: exact two-pass mean and M2 of its kRowsPerSlot values.
+      // 1. Per thread and column slot.
       Tensor slot_sum = make_tensor<float>(ColumnSlots{});
       Tensor slot_sq = make_tensor<float>(ColumnSlots{});
+      slot_moments(slot_sum, slot_sq);
+      // 2. Across the lanes that share columns, 3. into the cross-warp scratch [mean | M2][column][warp_m].
+      //    The stage is free: the epilogue synchronized after acquiring it, and the previous subtile's
+      //    reads of it ended with a barrier.
+      if constexpr (kLaneButterfly) {
+        cutlass::Array<float, kSlots> slot_mean, slot_m2;
+        slot_arrays(slot_sum, slot_sq, slot_mean, slot_m2);
+        merge_lanes_butterfly(scratch, scratch + kPlane, slot_mean, slot_m2, 0.5f * kRowsPerSlot, epi_m, epi_n);
+      } else {
+        merge_lanes_tree(scratch, slot_sum, slot_sq, epi_m, epi_n);
+      }
+      sync_fn();
+      // One thread per (column, warp) entry; the kWarpsM entries of a column sit in consecutive lanes.
+      CUTLASS_PRAGMA_UNROLL
+      for (int round = 0; round < kRounds; ++round) {
+        int entry = round * kThreads + thread_idx;
+        bool valid = entry < kPlane;
+        float mean_w = valid ? scratch[entry] : 0.f;
+        float m2_w = valid ? scratch[kPlane + entry] : 0.f;
+        merge_warps(mean_w, m2_w, 0.5f * kRowsPerSlot * kLanesM);
+        if (valid && entry % kWarpsM == 0) {
+          accumulate_or_write(round, entry / kWarpsM, epi_m, epi_n, float(EpiTileM), mean_w, m2_w);
+        }
+      }
+      sync_fn();  // the scratch is the D stage the register-to-smem copy writes next
+    }
+
+    // The per-tile merge (kMergePerTile), every row of the tile valid, so every merge joins equal power-of-two
+    // counts (reduce_full_tile's halving): a thread's slots of its two subtile rows in registers, then the lanes
+    // into the node's shared memory once per subtile column, then, at the tile's last subtile, one barrier and the
+    // warps of every column. No barrier after the reads: the store after this reduce() synchronizes the epilogue's
+    // threads (CUTLASS's tma_store_fn) before any of them reaches the next tile's writes.
+    template <class SyncFn>
+    CUTLASS_DEVICE void reduce_full_tile_once(SyncFn const& sync_fn, int epi_m, int epi_n) {
+      Tensor slot_sum = make_tensor<float>(ColumnSlots{});
+      Tensor slot_sq = make_tensor<float>(ColumnSlots{});
+      slot_moments(slot_sum, slot_sq);
+      cutlass::Array<float, kSlots> slot_mean, slot_m2;
+      slot_arrays(slot_sum, slot_sq, slot_mean, slot_m2);
+      if constexpr (kEpiM == 2) {
+        if (epi_m == 0) {  // CUTLASS unrolls the subtile loops: this folds at compile time
+          slot_carry_mean = slot_mean, slot_carry_m2 = slot_m2;
+          return;
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kSlots; ++j) {
+          const float delta = slot_mean[j] - slot_carry_mean[j];
+          slot_m2[j] = fmaf(delta * delta, 0.5f * kRowsPerSlot, slot_carry_m2[j] + slot_m2[j]);
+          slot_mean[j] = 0.5f * (slot_carry_mean[j] + slot_mean[j]);
+        }
+      }
+      const int column_entries = epi_n * EpiTileN * kWarpsM;
+      merge_lanes_butterfly(tile_merge->mean + column_entries, tile_merge->m2 + column_entries, slot_mean, slot_m2,
+                            0.5f * kRowsPerSlot * kEpiM, epi_m, epi_n);
+      if (epi_n != kEpiN - 1) return;
+      sync_fn();  // every subtile column's entries are in
+      CUTLASS_PRAGMA_UNROLL
+      for (int round = 0; round < kTileRounds; ++round) {
+        const int entry = round * kThreads + thread_idx;
+        const bool valid = entry < kTilePlane;
+        float mean_w = valid ? tile_merge->mean[entry] : 0.f;
+        float m2_w = valid ? tile_merge->m2[entry] : 0.f;
+        merge_warps(mean_w, m2_w, 0.5f * kRowsPerSlot * kLanesM * kEpiM);
+        const int column = n_tile * kTileColumns + entry / kWarpsM;
+        if (valid && entry % kWarpsM == 0 && column < n_total) {
+          const size_t at = static_cast<size_t>(m_tile) * n_total + column;
+          params.partial_mean[at] = mean_w;
+          params.partial_m2[at] = m2_w;
+        }
+      }
+    }
+
+    // Per thread and column slot: the exact two-pass mean (in slot_sum) and M2 of its kRowsPerSlot values.
+    template <class SlotTensor>
+    CUTLASS_DEVICE void slot_moments(SlotTensor& slot_sum, SlotTensor& slot_sq) {
       fill(slot_sum, 0.f);
       fill(slot_sq, 0.f);
       CUTLASS_PRAGMA_UNROLL
@@ -163,61 +269,47 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
         float d = values[i] - slot_sum(i);
         slot_sq(i) = fmaf(d, d, slot_sq(i));
       }
-      // 2. Across the lanes that share columns, 3. into the cross-warp scratch [mean | M2][column][warp_m].
-      //    The stage is free: the epilogue synchronized after acquiring it, and the previous subtile's
-      //    reads of it ended with a barrier.
-      if constexpr (kLaneButterfly) {
-        merge_lanes_butterfly(scratch, slot_sum, slot_sq, epi_m, epi_n);
-      } else {
-        merge_lanes_tree(scratch, slot_sum, slot_sq, epi_m, epi_n);
-      }
-      sync_fn();
-      // One thread per (column, warp) entry; the kWarpsM entries of a column sit in consecutive lanes.
-      static_assert(kWarpsM <= cutlass::NumThreadsPerWarp && (kWarpsM & (kWarpsM - 1)) == 0, "warps along M");
-      CUTLASS_PRAGMA_UNROLL
-      for (int round = 0; round < kRounds; ++round) {
-        int entry = round * kThreads + thread_idx;
-        bool valid = entry < kPlane;
-        float mean_w = valid ? scratch[entry] : 0.f;
-        float m2_w = valid ? scratch[kPlane + entry] : 0.f;
-        float half_rows = 0.5f * kRowsPerSlot * kLanesM;
-        CUTLASS_PRAGMA_UNROLL
-        for (int step = 1; step < kWarpsM; step *= 2) {
-          float mean_b = __shfl_xor_sync(0xffffffff, mean_w, step);
-          float m2_b = __shfl_xor_sync(0xffffffff, m2_w, step);
-          float delta = mean_b - mean_w;
-          m2_w = fmaf(delta * delta, half_rows, m2_w + m2_b);  // symmetric in (a, b): all lanes agree
-          mean_w = 0.5f * (mean_w + mean_b);
-          half_rows *= 2.f;
-        }
-        if (valid && entry % kWarpsM == 0) {
-          accumulate_or_write(round, entry / kWarpsM, epi_m, epi_n, float(EpiTileM), mean_w, m2_w);
-        }
-      }
-      sync_fn();  // the scratch is the D stage the register-to-smem copy writes next
     }
 
-    // A butterfly reduce-scatter across the lanes that share columns, each lane left with its share of
-    // the columns to write: kSlots - 1 shuffle pairs where the tree takes kSlots * log2(kLanesM).
+    // Slot tensors (ColumnSlots' layout) as arrays indexed by slot: the butterfly's halves known at compile time.
     template <class SlotTensor>
-    CUTLASS_DEVICE void merge_lanes_butterfly(float* scratch, SlotTensor const& slot_sum, SlotTensor const& slot_sq,
-                                              int epi_m, int epi_n) {
-      // Indexed by slot (ColumnSlots' offset), so the butterfly's halves are known at compile time.
-      cutlass::Array<float, kSlots> slot_mean, slot_m2;
+    CUTLASS_DEVICE static void slot_arrays(SlotTensor const& slot_sum, SlotTensor const& slot_sq,
+                                           cutlass::Array<float, kSlots>& slot_mean,
+                                           cutlass::Array<float, kSlots>& slot_m2) {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kValues; ++i) {
         if (!first_of_slot(i)) continue;  // folds at compile time
         slot_mean[ColumnSlots{}(i)] = slot_sum(i);
         slot_m2[ColumnSlots{}(i)] = slot_sq(i);
       }
+    }
 
+    // The kWarpsM entries of a column, in consecutive lanes, each of 2 half_rows rows: all lanes end with the merge.
+    CUTLASS_DEVICE static void merge_warps(float& mean_w, float& m2_w, float half_rows) {
+      static_assert(kWarpsM <= cutlass::NumThreadsPerWarp && (kWarpsM & (kWarpsM - 1)) == 0, "warps along M");
+      CUTLASS_PRAGMA_UNROLL
+      for (int step = 1; step < kWarpsM; step *= 2) {
+        float mean_b = __shfl_xor_sync(0xffffffff, mean_w, step);
+        float m2_b = __shfl_xor_sync(0xffffffff, m2_w, step);
+        float delta = mean_b - mean_w;
+        m2_w = fmaf(delta * delta, half_rows, m2_w + m2_b);  // symmetric in (a, b): all lanes agree
+        mean_w = 0.5f * (mean_w + mean_b);
+        half_rows *= 2.f;
+      }
+    }
+
+    // A butterfly reduce-scatter across the lanes that share columns, each lane left with its share of
+    // the columns to write: kSlots - 1 shuffle pairs where the tree takes kSlots * log2(kLanesM). Each slot holds
+    // 2 half_count rows; the writers store (column, warp_m) at column * kWarpsM + warp_m of mean_out and m2_out.
+    CUTLASS_DEVICE void merge_lanes_butterfly(float* mean_out, float* m2_out, cutlass::Array<float, kSlots> slot_mean,
+                                              cutlass::Array<float, kSlots> slot_m2, float half_count, int epi_m,
+                                              int epi_n) {
       // At each step a lane keeps half of its window of slots (the upper half if its bit of lane_m is
       // set), sends the other half to its partner and merges what it receives; once kFinalSlots are left,
       // the remaining steps merge symmetrically (both lanes get the same bits) and only the lane with
       // those bits clear writes. The lane ends with slots slot_base + [0, kFinalSlots).
       int slot_base = 0;
       bool writer = true;
-      float half_count = 0.5f * kRowsPerSlot;
       CUTLASS_PRAGMA_UNROLL
       for (int step = kLanesM / 2, width = kSlots; step > 0; step /= 2) {
         const int lane_offset = LaneLayoutMN{}(step, 0);
@@ -264,8 +356,8 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
             column = int(ColumnSlots{}(i)) == slot ? int(get<1>(subtile_coords(i))) - epi_n * EpiTileN : column;
           }
           const int at = column * kWarpsM + warp_m;
-          scratch[at] = slot_mean[j];
-          scratch[kPlane + at] = slot_m2[j];
+          mean_out[at] = slot_mean[j];
+          m2_out[at] = slot_m2[j];
         }
       }
     }
@@ -477,14 +569,15 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
     constexpr int kEpiTileM = decltype(size<0>(args.epi_tile))::value;
     constexpr int kEpiTileN = decltype(size<1>(args.epi_tile))::value;
     constexpr int kEpiM = decltype(size<3>(coords))::value;  // subtiles along M per CTA tile
+    constexpr int kEpiN = decltype(size<4>(coords))::value;  // and along N
     static_assert(kEpiM * kEpiTileM == decltype(size<0>(CtaTileShapeMNK{}))::value, "subtiles tile the CTA rows");
     auto [m_tile, n_tile, k_tile, l_tile] = args.tile_coord_mnkl;
     int n_total = static_cast<int>(get<1>(args.problem_shape_mnkl));
     using Callbacks = ConsumerStoreCallbacks<decltype(coords), decltype(args.residue_cD), ColumnSlots,
                                              decltype(lane_layout_mn), decltype(warp_layout_mn), kEpiTileM, kEpiTileN,
-                                             kEpiM, decltype(args.tiled_copy)::TiledNumThr::value>;
-    return Callbacks(params, coords, args.residue_cD, static_cast<int>(m_tile), static_cast<int>(n_tile), n_total,
-                     lane_m, warp_m, args.thread_idx);
+                                             kEpiM, kEpiN, decltype(args.tiled_copy)::TiledNumThr::value>;
+    return Callbacks(params, tile_merge, coords, args.residue_cD, static_cast<int>(m_tile), static_cast<int>(n_tile),
+                     n_total, lane_m, warp_m, args.thread_idx);
   }
 };
 

@@ -32,6 +32,9 @@ struct TileConfig {
   // fp16 pairs before the GEMM (into the launch's workspace) and both operands reach the tensor cores from shared
   // memory (split_f16x3_presplit_mainloop.hpp).
   int presplit = 0;
+  // Rows with the statistics node, cooperative: 1 merges the node's warps once per tile (in shared memory of its own)
+  // instead of once per epilogue subtile (column_moments_node.hpp kMergePerTile). EXPERIMENT (perf/NOTES.md v59).
+  int merge_per_tile = 0;
 };
 
 // Rows per epilogue subtile: CUTLASS's sm90 epilogue takes 128 rows per subtile in cooperative kernels,
@@ -93,6 +96,8 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 15: row 4 with 128x16 subtiles: 6 stages, not 5
     // 16: the 64x128 pair (row 8) with x multicast, along M: it won only where W's tiles had 8x x's readers (v50)
     {64, 128, 32, 1, 2, 32, 1, 1, 8},
+    // 17: the cooperative 256x128 tile (row 9) with the statistics node merged once per tile (16-bit row 16's, v59)
+    {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 1, 0, 1},
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
@@ -112,6 +117,10 @@ inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shape
     {128, 128, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 12: row 6 with 32-column subtiles
     {128, 192, 64, 2, 1, 32, 1, 0, 8, 1, 0, 0},  // 13: ping-pong 128x192, W multicast (QuACK's tile; NOTES v39, v43)
     {64, 128, 64, 1, 2, 32, 1, 1, 8},            // 14: row 7 with x multicast, along M (TF32 row 16's: v50)
+    // 15-16: cuBLAS's cooperative 256x128 tile (row 8) with the statistics node, its warps merged per subtile (v43's
+    // row 11) and once per tile (v59)
+    {256, 128, 64, 1, 2, 32, 0, 0, 8, 1, 0, 1, 0, 0},
+    {256, 128, 64, 1, 2, 32, 0, 0, 8, 1, 0, 1, 0, 1},
 #endif
 };
 

@@ -85,7 +85,9 @@ struct GemmScaleStatsKernel {
   // Partial mean, M2 of y as stored (after rounding to Element), so the statistics describe exactly
   // the values finish_normalize normalizes, as PyTorch's BatchNorm sees its (rounded) input. Rows without the
   // statistics node store the affine's result alone.
-  using Moments = epilogue::Sm90ColumnMoments<TileShape>;
+  static_assert(kConfig.merge_per_tile == 0 || (kConfig.statistics != 0 && kConfig.pingpong == 0),
+                "merge_per_tile: cooperative rows with the statistics node");
+  using Moments = epilogue::Sm90ColumnMoments<TileShape, kConfig.merge_per_tile != 0>;
   using Output = cute::conditional_t<kConfig.statistics != 0, fusion::Sm90EVT<Moments, Affine>, Affine>;
 
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
