@@ -1,6 +1,6 @@
 """Time per call, SM clock and power of each GEMM kernel under sustained load (one process).
 
-    python perf/clocks_under_load.py [--size M K N] [--seconds S] [--dtypes bfloat16,float32]
+    python perf/clocks_under_load.py [--size M K N] [--seconds S] [--dtypes bfloat16,float32] [--rows 0,16]
 
 Why: gemmbn's 16-bit GEMM runs ~13% behind cuBLAS's bare GEMM at 16384x4096->4096 with the same
 tensor-core instruction mix, and an H200 at its power limit lowers its clock. If cycles per call
@@ -66,7 +66,7 @@ def sample_clocks(seconds: float, run_once, bursts: bool) -> tuple[float, float,
     return statistics.median(times), median(mhz), median(watts)
 
 
-def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
+def candidates(dtype: torch.dtype, M: int, K: int, N: int, rows: set[int] | None = None) -> dict:
     C = debug
     name = str(dtype).removeprefix("torch.")
     x = torch.rand(M, K, device="cuda").to(dtype)
@@ -76,7 +76,7 @@ def candidates(dtype: torch.dtype, M: int, K: int, N: int) -> dict:
     wt = w.t()
     fns = {}
     for row, config in enumerate(C.gemm_configs(name, False)):
-        if not config["statistics"]:  # rows without the statistics node take no partials
+        if not config["statistics"] or (rows is not None and row not in rows):  # rows without the node: no partials
             continue
         partial_rows, _ = C.gemm_config(name, M, N, K, row)
         row_partials = torch.empty(2, -(-M // partial_rows), N, device="cuda")
@@ -95,14 +95,16 @@ def main() -> None:
     parser.add_argument("--size", nargs=3, type=int, default=(16384, 4096, 4096), metavar=("M", "K", "N"))
     parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--rows", help="table rows with the statistics node to time, comma-separated (default: all)")
     args = parser.parse_args()
+    rows = None if args.rows is None else {int(r) for r in args.rows.split(",")}
     M, K, N = args.size
     torch.backends.cuda.matmul.allow_tf32 = True  # float32 here means the TF32 kernels on both sides
     print(f"{torch.cuda.get_device_name()}  {M}x{K}->{N}  {args.seconds:g} s per candidate and regime, twice")
     flops = 2.0 * M * N * K
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
-        fns = candidates(dtype, M, K, N)
+        fns = candidates(dtype, M, K, N, rows)
         for regime in ("sustained", "bursts"):
             results = {k: [] for k in fns}
             for _ in range(2):

@@ -53,6 +53,11 @@
 #                     precisions by GEMMBN_SOURCE_CONFIGS (default tf32,bf16)
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
+#   merge-per-tile    the statistics node merged once per tile on the cooperative 256x128 tile (an experiment build's
+#                     bf16 rows 15 (per subtile) and 16 (per tile), TF32 row 17; perf/NOTES.md v59): tune_gemm with the
+#                     node against rows 0 and 4 and cuBLAS, L2 flushed, at long K (GEMMBN_MERGE_SIZES="M K N;..."),
+#                     clocks under load at the KernelBench shape, then the bf16 training forward by the rule against
+#                     rows 16 and 15 with the epilogue's statistics, back to back, two rounds
 #   y-claims          the y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1) and half claimed (the experiment
 #                     GEMMBN_FINISH_Y_CLAIM_SHARE=50) against its static walk (perf/NOTES.md v58): the GPU tests of the
 #                     walks, then the training forward at the sweep's y-pass shapes (TF32 at K = 2048 takes the
@@ -411,6 +416,22 @@ for name in $steps; do
         timeout $(limit 60) python3 perf/anatomy.py --size $M $K $N --dtype $dtype --providers gemmbn,eager 2>&1 \
           | tee -a "$out/anatomy.txt" | grep -E "x[0-9]|kernels per forward|H200"
       done ;;
+    merge-per-tile)
+      require_rows bfloat16 "15,16" || continue
+      sizes=${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}
+      size_args "$sizes"
+      for run in "bfloat16 0,4,15,16" "float32 0,4,17"; do
+        read -r dtype rows <<< "$run"
+        timeout $(limit 120) python3 perf/tune_gemm.py --dtypes "$dtype" --rows "$rows" --rasters 0 --swizzles 0 \
+          --iters 20 "${size_args[@]}" --out "$out/tune-merge-per-tile-$dtype.csv" 2>&1 \
+          | tee "$out/tune-merge-per-tile-$dtype.txt" | awk '/:/{c=0} {c++; if (c<=8) print}'
+      done
+      timeout $(limit 90) python3 perf/clocks_under_load.py --dtypes bfloat16 --rows 0,15,16 2>&1 \
+        | tee "$out/clocks-merge-per-tile.txt"
+      bench_ab merge-per-tile-ab 200 2 rule:GEMMBN_STATISTICS_ROW= \
+        row16:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=16 \
+        row15:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=15 -- --sizes "$sizes" --configs bf16 \
+        --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
     y-claims)
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py -k "statistics_sources or y_pass_claims" \
         2>&1 | tee "$out/y-claims-tests.log" | tail -3
