@@ -85,9 +85,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def latest_earlier_run(meta: dict[str, str], directory: Path = RESULTS) -> Path | None:
-    """The newest bench CSV in ``directory`` timed like ``meta``'s run (same sets, timing and torch) before it, among
-    those that timed a provider our commits cannot change (runs of gemmbn alone, A/B runs, cannot mark anything)."""
-    same = ("sets", "timing", "torch")
+    """The newest bench CSV in ``directory`` timed like ``meta``'s run (same GPU, sets, timing and torch) before it,
+    among those that timed a provider our commits cannot change (runs of gemmbn alone, A/B runs, cannot mark
+    anything). Another GPU's run is no reference: an H100's times are not an H200's."""
+    same = ("gpu", "sets", "timing", "torch")
     unchanging = {provider for provider, _ in UNCHANGING}
     candidates = []
     for path in directory.glob("*.csv"):
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.earlier_run == "auto":
         earlier_path = latest_earlier_run(meta)
         if earlier_path is None:
-            print("report.py: no earlier run of the same sets, timing and torch in perf/results", file=sys.stderr)
+            print("report.py: no earlier run of the same GPU, sets, timing and torch in perf/results", file=sys.stderr)
     elif args.earlier_run:
         earlier_path = Path(args.earlier_run)
     earlier = read(earlier_path)[1] if earlier_path else None

@@ -174,7 +174,8 @@ def test_report_gemm_only_column_takes_the_lines_own_group():
 
 
 def test_report_finds_the_latest_earlier_run_of_the_same_kind(bench_csv, tmp_path):
-    """--earlier-run auto: the newest CSV with the same sets, timing and torch dated before the run, nothing else."""
+    """--earlier-run auto: the newest CSV with the same GPU, sets, timing and torch dated before the run, nothing
+    else."""
     report = _load("report")
     meta, _ = report.read(bench_csv)
     text = bench_csv.read_text()
@@ -195,6 +196,7 @@ def test_report_finds_the_latest_earlier_run_of_the_same_kind(bench_csv, tmp_pat
     write("other-torch.csv", "2001-01-01T00:00:00+00:00", torch="0.0")
     write("other-sets.csv", "2001-01-01T00:00:00+00:00", sets="sweep")
     write("other-timing.csv", "2001-01-01T00:00:00+00:00", timing="another method")
+    write("other-gpu.csv", "2001-01-01T00:00:00+00:00", gpu="another GPU")
     # A run of gemmbn alone (an A/B, say) is no reference: nothing in it can show a disturbed device.
     gemmbn_only = write("gemmbn-only.csv", "2001-01-01T00:00:00+00:00")
     lines = gemmbn_only.read_text().splitlines()
