@@ -174,9 +174,8 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
       }
     }
 
-    // Every row valid, so every merge joins two halves of equal count n (powers of two):
-    //   mean = (mean_a + mean_b) / 2,   M2 = M2_a + M2_b + (mean_b - mean_a)^2 n / 2
-    // No counts, no division, no bounds checks. Columns past N are reduced too and never written.
+    // Every row valid, so every merge joins two halves of equal power-of-two count (chan_merge_equal_halves): no
+    // counts, no division, no bounds checks. Columns past N are reduced too and never written.
     template <class SyncFn>
     CUTLASS_DEVICE void reduce_full_tile(float* scratch, SyncFn const& sync_fn, int epi_m, int epi_n) {
       // 1. Per thread and column slot.
@@ -228,9 +227,9 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
         }
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kSlots; ++j) {
-          const float delta = slot_mean[j] - slot_carry_mean[j];
-          slot_m2[j] = fmaf(delta * delta, 0.5f * kRowsPerSlot, slot_carry_m2[j] + slot_m2[j]);
-          slot_mean[j] = 0.5f * (slot_carry_mean[j] + slot_mean[j]);
+          float mean = slot_carry_mean[j], m2 = slot_carry_m2[j];
+          chan_merge_equal_halves(mean, m2, slot_mean[j], slot_m2[j], 0.5f * kRowsPerSlot);
+          slot_mean[j] = mean, slot_m2[j] = m2;
         }
       }
       const int column_entries = epi_n * EpiTileN * kWarpsM;
@@ -245,12 +244,7 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
         float mean_w = valid ? tile_merge->mean[entry] : 0.f;
         float m2_w = valid ? tile_merge->m2[entry] : 0.f;
         merge_warps(mean_w, m2_w, 0.5f * kRowsPerSlot * kLanesM * kEpiM);
-        const int column = n_tile * kTileColumns + entry / kWarpsM;
-        if (valid && entry % kWarpsM == 0 && column < n_total) {
-          const size_t at = static_cast<size_t>(m_tile) * n_total + column;
-          params.partial_mean[at] = mean_w;
-          params.partial_m2[at] = m2_w;
-        }
+        if (valid && entry % kWarpsM == 0) write_partial(n_tile * kTileColumns + entry / kWarpsM, mean_w, m2_w);
       }
     }
 
@@ -289,11 +283,9 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
       static_assert(kWarpsM <= cutlass::NumThreadsPerWarp && (kWarpsM & (kWarpsM - 1)) == 0, "warps along M");
       CUTLASS_PRAGMA_UNROLL
       for (int step = 1; step < kWarpsM; step *= 2) {
-        float mean_b = __shfl_xor_sync(0xffffffff, mean_w, step);
-        float m2_b = __shfl_xor_sync(0xffffffff, m2_w, step);
-        float delta = mean_b - mean_w;
-        m2_w = fmaf(delta * delta, half_rows, m2_w + m2_b);  // symmetric in (a, b): all lanes agree
-        mean_w = 0.5f * (mean_w + mean_b);
+        const float mean_b = __shfl_xor_sync(0xffffffff, mean_w, step);
+        const float m2_b = __shfl_xor_sync(0xffffffff, m2_w, step);
+        chan_merge_equal_halves(mean_w, m2_w, mean_b, m2_b, half_rows);  // symmetric: all lanes agree
         half_rows *= 2.f;
       }
     }
@@ -320,13 +312,12 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
           for (int j = 0; j < half; ++j) {
             const float send_mean = upper ? slot_mean[j] : slot_mean[j + half];
             const float send_m2 = upper ? slot_m2[j] : slot_m2[j + half];
-            const float keep_mean = upper ? slot_mean[j + half] : slot_mean[j];
-            const float keep_m2 = upper ? slot_m2[j + half] : slot_m2[j];
+            float keep_mean = upper ? slot_mean[j + half] : slot_mean[j];
+            float keep_m2 = upper ? slot_m2[j + half] : slot_m2[j];
             const float mean_b = __shfl_xor_sync(0xffffffff, send_mean, lane_offset);
             const float m2_b = __shfl_xor_sync(0xffffffff, send_m2, lane_offset);
-            const float delta = mean_b - keep_mean;
-            slot_m2[j] = fmaf(delta * delta, half_count, keep_m2 + m2_b);
-            slot_mean[j] = 0.5f * (keep_mean + mean_b);
+            chan_merge_equal_halves(keep_mean, keep_m2, mean_b, m2_b, half_count);
+            slot_mean[j] = keep_mean, slot_m2[j] = keep_m2;
           }
           slot_base += upper ? half : 0;
           width = half;
@@ -335,9 +326,7 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
           for (int j = 0; j < kFinalSlots; ++j) {
             const float mean_b = __shfl_xor_sync(0xffffffff, slot_mean[j], lane_offset);
             const float m2_b = __shfl_xor_sync(0xffffffff, slot_m2[j], lane_offset);
-            const float delta = mean_b - slot_mean[j];
-            slot_m2[j] = fmaf(delta * delta, half_count, slot_m2[j] + m2_b);  // symmetric in the two lanes
-            slot_mean[j] = 0.5f * (slot_mean[j] + mean_b);
+            chan_merge_equal_halves(slot_mean[j], slot_m2[j], mean_b, m2_b, half_count);  // symmetric: lanes agree
           }
           writer = writer && !upper;
         }
@@ -374,11 +363,9 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
         const int lane_offset = LaneLayoutMN{}(step, 0);
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kSlots; ++j) {
-          float mean_b = __shfl_down_sync(0xffffffff, mean(j), lane_offset);
-          float m2_b = __shfl_down_sync(0xffffffff, m2(j), lane_offset);
-          float delta = mean_b - mean(j);
-          m2(j) = fmaf(delta * delta, half_count, m2(j) + m2_b);
-          mean(j) = 0.5f * (mean(j) + mean_b);
+          const float mean_b = __shfl_down_sync(0xffffffff, mean(j), lane_offset);
+          const float m2_b = __shfl_down_sync(0xffffffff, m2(j), lane_offset);
+          chan_merge_equal_halves(mean(j), m2(j), mean_b, m2_b, half_count);
         }
         half_count *= 2.f;
       }
@@ -411,9 +398,13 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
         carry_mean[round] = mean, carry_m2[round] = m2;
         return;
       }
-      int column = n_tile * size<1>(CtaTileShapeMNK{}) + epi_n * EpiTileN + subtile_column;
+      write_partial(n_tile * kTileColumns + epi_n * EpiTileN + subtile_column, mean, m2);
+    }
+
+    // This M tile's partials of one column of the problem (columns past N were reduced and are dropped here).
+    CUTLASS_DEVICE void write_partial(int column, float mean, float m2) {
       if (column < n_total) {
-        size_t at = static_cast<size_t>(m_tile) * n_total + column;
+        const size_t at = static_cast<size_t>(m_tile) * n_total + column;
         params.partial_mean[at] = mean;
         params.partial_m2[at] = m2;
       }

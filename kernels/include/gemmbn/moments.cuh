@@ -31,4 +31,13 @@ __device__ __forceinline__ void chan_merge_fast(float& n_a, float& mean_a, float
   n_a = n;
 }
 
+// Two halves of equal count n merged without a division (the epilogue's full tiles: n a power of two, so exact):
+//   mean = (mean_a + mean_b) / 2,   M2 = M2_a + M2_b + (mean_b - mean_a)^2 half_count,   half_count = n / 2
+__device__ __forceinline__ void chan_merge_equal_halves(float& mean_a, float& m2_a, float mean_b, float m2_b,
+                                                        float half_count) {
+  const float delta = mean_b - mean_a;
+  m2_a = fmaf(delta * delta, half_count, m2_a + m2_b);  // symmetric in (a, b): both lanes of a pair agree
+  mean_a = 0.5f * (mean_a + mean_b);
+}
+
 }  // namespace gemmbn
