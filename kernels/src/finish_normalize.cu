@@ -732,8 +732,7 @@ bool finish_y_pass_claims(int64_t M, int N, int element_bytes, int blocks) {
 // not yet run on a GPU: the static walk's L2 hits for the rows each SM read last, the claims' balance for the rest
 // (perf/NOTES.md v58's next step 3).
 int y_pass_claimed_passes(int passes_per_chunk) {
-  const char* share = std::getenv("GEMMBN_FINISH_Y_CLAIM_SHARE");
-  const long percent = share != nullptr && *share != '\0' ? std::strtol(share, nullptr, 10) : 100;
+  const long percent = integer_switch("GEMMBN_FINISH_Y_CLAIM_SHARE", 100);
   if (percent < 1 || percent >= 100) return passes_per_chunk;
   return std::max(1, static_cast<int>((int64_t(passes_per_chunk) * percent + 99) / 100));
 }

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <utility>
 
 #include "gemmbn/api.h"
@@ -108,16 +107,10 @@ static_assert(first_row_without_statistics(GemmOperands::tf32) > 0 &&
                   first_row_without_statistics(GemmOperands::bf16) > 0,
               "select_config gives launches without partials a row without the statistics node");
 
-// A row index from the environment for A/B runs (the caller reads it once per process), or -1 where unset.
-int row_from_environment(const char* name) {
-  const char* value = std::getenv(name);
-  return value && *value ? std::atoi(value) : -1;
-}
-
 // GEMMBN_SPLIT_ROW: a split row without stream-K that select_config takes wherever it takes one of those (for A/B runs
 // of the two mainloops: perf/NOTES.md v39), or -1.
 int forced_split_row() {
-  static const int index = row_from_environment("GEMMBN_SPLIT_ROW");
+  static const int index = static_cast<int>(integer_switch("GEMMBN_SPLIT_ROW", -1));
   const bool valid = index >= 0 && index < kSplitConfigCount && !config_at(GemmOperands::f32_split, index).stream_k;
   return valid ? index : -1;
 }
@@ -127,8 +120,8 @@ int forced_split_row() {
 // past the small and one-wave rows (for A/B runs of wider tiles, such as GEMMBN_NO_STATISTICS_ROWS's: perf/NOTES.md
 // v42, v43), or -1 where unset or not such a row.
 int forced_row(GemmOperands operands, bool statistics) {
-  static const int plain = row_from_environment("GEMMBN_PLAIN_ROW");
-  static const int with_node = row_from_environment("GEMMBN_STATISTICS_ROW");
+  static const int plain = static_cast<int>(integer_switch("GEMMBN_PLAIN_ROW", -1));
+  static const int with_node = static_cast<int>(integer_switch("GEMMBN_STATISTICS_ROW", -1));
   const int index = statistics ? with_node : plain;
   const bool valid = index >= 0 && index < config_count(operands) &&
                      config_at(operands, index).statistics == int(statistics) && !config_at(operands, index).stream_k;

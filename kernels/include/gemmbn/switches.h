@@ -12,4 +12,10 @@ inline char forced_choice(const char* name) {
   return value != nullptr ? value[0] : '\0';
 }
 
+// The integer the variable `name` starts with where it is set and not empty, else `unset` (A/B runs' rows and shares).
+inline long integer_switch(const char* name, long unset) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::strtol(value, nullptr, 10) : unset;
+}
+
 }  // namespace gemmbn
