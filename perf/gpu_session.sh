@@ -58,6 +58,8 @@
 #                     node against rows 0 and 4 and cuBLAS, L2 flushed, at long K (GEMMBN_MERGE_SIZES="M K N;..."),
 #                     clocks under load at the KernelBench shape, then the bf16 training forward by the rule against
 #                     rows 16 and 15 with the epilogue's statistics, back to back, two rounds
+#   merge-per-tile-tf32  the TF32 training forward by the rule against row 17 (TF32's 256x128 tile merged once per tile,
+#                     an experiment build's) with the epilogue's statistics, back to back, two rounds (GEMMBN_MERGE_SIZES)
 #   y-claims          the y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1) and half claimed (the experiment
 #                     GEMMBN_FINISH_Y_CLAIM_SHARE=50) against its static walk (perf/NOTES.md v58): the GPU tests of the
 #                     walks, then the training forward at the sweep's y-pass shapes (TF32 at K = 2048 takes the
@@ -432,6 +434,12 @@ for name in $steps; do
         row16:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=16 \
         row15:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=15 -- --sizes "$sizes" --configs bf16 \
         --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
+    merge-per-tile-tf32)
+      require_rows float32 17 || continue
+      bench_ab merge-per-tile-tf32-ab 240 2 rule:GEMMBN_STATISTICS_ROW= \
+        row17:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=17 -- \
+        --sizes "${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}" \
+        --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
     y-claims)
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py -k "statistics_sources or y_pass_claims" \
         2>&1 | tee "$out/y-claims-tests.log" | tail -3
