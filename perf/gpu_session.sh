@@ -54,12 +54,13 @@
 #   anatomy           perf/anatomy.py (kernels and GPU idle time per forward) at the sweep's worst training
 #                     shapes, gemmbn and eager; other cases by GEMMBN_ANATOMY_CASES="M K N dtype;..."
 #   merge-per-tile    the statistics node merged once per tile on the cooperative 256x128 tile (an experiment build's
-#                     bf16 rows 15 (per subtile) and 16 (per tile), TF32 row 17; perf/NOTES.md v59): tune_gemm with the
+#                     bf16 rows 15 (per subtile) and 16 (per tile), TF32 row 13; perf/NOTES.md v59): tune_gemm with the
 #                     node against rows 0 and 4 and cuBLAS, L2 flushed, at long K (GEMMBN_MERGE_SIZES="M K N;..."),
 #                     clocks under load at the KernelBench shape, then the bf16 training forward by the rule against
 #                     rows 16 and 15 with the epilogue's statistics, back to back, two rounds
-#   merge-per-tile-tf32  the TF32 training forward by the rule against row 17 (TF32's 256x128 tile merged once per tile,
-#                     an experiment build's) with the epilogue's statistics, back to back, two rounds (GEMMBN_MERGE_SIZES)
+#   merge-per-tile-tf32  the TF32 training forward by the rule against rows 0 and 13 forced (row 0's tile, and the
+#                     256x128 tile merged once per tile, which the rule takes under 4 TB/s of DRAM) with the epilogue's
+#                     statistics, back to back and synchronized, two rounds each (GEMMBN_MERGE_SIZES)
 #   y-claims          the y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1) and half claimed (the experiment
 #                     GEMMBN_FINISH_Y_CLAIM_SHARE=50) against its static walk (perf/NOTES.md v58): the GPU tests of the
 #                     walks, then the training forward at the sweep's y-pass shapes (TF32 at K = 2048 takes the
@@ -422,7 +423,7 @@ for name in $steps; do
       require_rows bfloat16 "15,16" || continue
       sizes=${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}
       size_args "$sizes"
-      for run in "bfloat16 0,4,15,16" "float32 0,4,17"; do
+      for run in "bfloat16 0,4,15,16" "float32 0,4,13"; do
         read -r dtype rows <<< "$run"
         timeout $(limit 120) python3 perf/tune_gemm.py --dtypes "$dtype" --rows "$rows" --rasters 0 --swizzles 0 \
           --iters 20 "${size_args[@]}" --out "$out/tune-merge-per-tile-$dtype.csv" 2>&1 \
@@ -435,9 +436,10 @@ for name in $steps; do
         row15:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=15 -- --sizes "$sizes" --configs bf16 \
         --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
     merge-per-tile-tf32)
-      require_rows float32 17 || continue
-      bench_ab merge-per-tile-tf32-ab 240 2 rule:GEMMBN_STATISTICS_ROW= \
-        row17:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=17 -- \
+      require_rows float32 13 || continue
+      bench_ab_both_methods merge-per-tile-tf32-ab 200 2 rule:GEMMBN_STATISTICS_ROW= \
+        row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=0 \
+        row13:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=13 -- \
         --sizes "${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}" \
         --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
     y-claims)

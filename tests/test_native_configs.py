@@ -164,6 +164,16 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert all(r["statistics"] for r in rows[:without])
         if tf32:
             assert layout(rows[6]) == (128, 128, 0, 1, 1) and rows[6]["stream_k"] == 1
+            # TF32 row 13: the 256x128 tile with the node merged once per tile (long-K training forwards past 2048
+            # tiles on devices under 4 TB/s of DRAM: v60), the only default row that merges per tile.
+            wide_node = tall + 1
+            assert layout(rows[wide_node]) == layout(rows[wide_tile]) and rows[wide_node]["statistics"] == 1
+            assert rows[wide_node]["epilogue_n"] == rows[wide_tile]["epilogue_n"] == 16
+        merging = [i for i, r in enumerate(rows) if r["merge_per_tile"]]
+        if tf32:
+            assert merging == [tall + 1]
+        else:  # 16-bit: experiment rows only (past the default table's last row)
+            assert all(i > tall for i in merging)
     # (M, K, N) -> (TF32 row, 16-bit row), the measured shapes of configs.h plus the boundaries.
     expected_rows = {
         (128, 1024, 512): (3, 3),  # 4 tiles
@@ -344,8 +354,29 @@ def test_selection_follows_the_measured_rule(dtype, split):
         assert debug.gemm_config(dtype, M, N, K, -1, split, statistics=False) == plain_row, (M, K, N)
     with pytest.raises(RuntimeError, match="dram_gbps = -2"):
         debug.gemm_selected_config(dtype, 65536, 1024, 1024, split, statistics=False, dram_gbps=-2)
-    for (M, K, N), (tf32_row, half_row) in expected_rows.items():
-        expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
+    # Launches with partials: TF32 past 2048 tiles with K >= 4096, where the rows above would take row 0 and the 256x128
+    # tile's 1x2 cluster pads nothing, takes row 13 (the node merged once per tile) on a device under 4 TB/s of DRAM
+    # (v60); the dict's rows are an H200's (4915 GB/s) and an unknown device's.
+    wide_node_shapes = {(16384, 4096, 4096), (16512, 4096, 2048), (65536, 8192, 4096), (32768, 4096, 8192)}
+    expected_rows.update({
+        (16512, 4096, 2048): (0, 0),  # 2064 tiles (129 ragged 128-row tiles along M)
+        (16384, 4096, 2048): (0, 0),  # 2048 tiles: the y pass's domain (train_statistics_from_y)
+        (16384, 2048, 8192): (0, 0),  # K < 4096
+        (65536, 8192, 4096): (0, 0),
+        (32768, 4096, 8192): (0, 0),
+        (32768, 4096, 4224): (0, 0),  # 33 tiles along N: the 1x2 cluster would pad
+    })  # fmt: skip
+    wide_node_taken = 0  # launches the clause moved (so the check can fail)
+    for dram_gbps in (3352, 3999, 4000, 4915, 0):
+        for (M, K, N), (tf32_row, half_row) in expected_rows.items():
+            expected = split_row((M, K, N)) if split else tf32_row if tf32 else half_row
+            if tf32 and (M, K, N) in wide_node_shapes and 0 < dram_gbps < 4000:
+                expected = 13
+            wide_node_taken += expected == 13
+            assert debug.gemm_selected_config(dtype, M, N, K, split, dram_gbps=dram_gbps) == expected, (M, K, N)
+    assert wide_node_taken == (2 * len(wide_node_shapes) if tf32 else 0)  # at 3352 and 3999
+    for M, K, N in expected_rows:  # the current device (without a GPU: unknown, 0)
+        expected = debug.gemm_selected_config(dtype, M, N, K, split, dram_gbps=current_dram)
         assert debug.gemm_selected_config(dtype, M, N, K, split) == expected, (M, K, N)
         assert debug.gemm_config(dtype, M, N, K, -1, split) == (rows[expected]["partial_rows"], rows[expected]["tile_n"])
 

@@ -224,10 +224,14 @@ def test_dram_bandwidth_the_rule_reads():
         assert 4400 <= gbps <= 5200, (gbps, name)
     elif "H100" in name and "HBM3" in name:
         assert 3250 <= gbps <= 3450, (gbps, name)
-    # The rule's default, the current device, reads that value: a tall eval launch agrees with it named.
+    # The rule's default, the current device, reads that value: a tall eval launch and a long-K TF32 training launch
+    # (the 256x128 tile with the node under 4 TB/s: v60) agree with it named.
     for dtype in ("float32", "bfloat16"):
         named = debug.gemm_selected_config(dtype, 65536, 1024, 1024, statistics=False, dram_gbps=gbps)
         assert debug.gemm_selected_config(dtype, 65536, 1024, 1024, statistics=False) == named, dtype
+    named = debug.gemm_selected_config("float32", 16384, 4096, 4096, dram_gbps=gbps)
+    assert debug.gemm_selected_config("float32", 16384, 4096, 4096) == named
+    assert debug.gemm_configs("float32")[named]["merge_per_tile"] == (gbps < 4000), (named, gbps)
 
 
 def test_configuration_overrides_are_checked():

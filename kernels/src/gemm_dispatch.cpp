@@ -48,12 +48,24 @@ constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalf
 // v53, v55, v56), on devices whose DRAM peaks under kTallMaxDramGbps: an H100 SXM (3.35 TB/s), where the cluster won;
 // not an H200 (4.8 TB/s), where row 0's tile alone ran 1.5-7% faster at every such shape (v54).
 constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallM = 65536, kTallN = 8192, kTallTiles = 2048;
-constexpr int kTf32TallMinM = 8192, kHalfTallMinM = 32768, kHalfTallTiles = 5120, kTallMaxDramGbps = 4000;
-// Whether a device with this DRAM peak (GB/s; kCurrentDeviceDram: the current device's) takes the 2x2 cluster; an
-// unknown one does not (row 0's tile runs anywhere at the loss measured on the H100).
-bool tall_cluster_device(int dram_gbps) {
+constexpr int kTf32TallMinM = 8192, kHalfTallMinM = 32768, kHalfTallTiles = 5120;
+// TF32's cooperative 256x128 tile with the statistics node merged once per tile (row 13), for launches with partials
+// past kYPassMaxTiles 128x128 tiles (the epilogue's statistics there) with K >= kLongK, where its 1x2 cluster pads
+// nothing, on devices whose DRAM peaks under kLowDramGbps: it took 3.4-8.6% off the training forward on an H100 SXM
+// at 4096-16384 tiles (row 0's tile reads more operand bytes per flop); it trailed row 0 on an H200 (perf/NOTES.md v59,
+// v60).
+constexpr int kTf32WideNodeRow = 13;
+static_assert(config_at(GemmOperands::tf32, kTf32WideNodeRow).tile_m == 256 &&
+                  config_at(GemmOperands::tf32, kTf32WideNodeRow).statistics == 1 &&
+                  config_at(GemmOperands::tf32, kTf32WideNodeRow).merge_per_tile == 1,
+              "configs.h's TF32 row 13: the cooperative 256x128 tile with the node merged once per tile");
+// Device DRAM peaks (GB/s) under which the clauses above apply: an H100 SXM's 3352, not an H200's 4915.
+constexpr int kLowDramGbps = 4000;
+// Whether a device with this DRAM peak (GB/s; kCurrentDeviceDram: the current device's) peaks under kLowDramGbps; an
+// unknown one does not (the rows it would take otherwise run anywhere, at the losses measured on the H100).
+bool low_dram_device(int dram_gbps) {
   if (dram_gbps == kCurrentDeviceDram) dram_gbps = device_dram_gbps();
-  return dram_gbps > 0 && dram_gbps < kTallMaxDramGbps;
+  return dram_gbps > 0 && dram_gbps < kLowDramGbps;
 }
 constexpr bool one_wave_x_row(GemmOperands operands, int row, int tile_n) {
   return config_at(operands, row).cluster_n == 2 && config_at(operands, row).pingpong == 0 &&
@@ -159,7 +171,8 @@ static_assert(GEMMBN_TF32_ROWS == kTf32ConfigCount && GEMMBN_HALF_ROWS == kHalfC
 //   node (TF32 row 9, 16-bit row 8), which loads one operand tile per 128x128 of output against row 0's 1.5
 //   (perf/NOTES.md v43, v44);
 // - larger problems: ping-pong 128x128 (row 0); at M <= 2048 the 1x2-cluster row in 16-bit, and in TF32 the 64x128
-//   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile.
+//   row up to M = 512, then the cooperative 128x256 row where a 2x1 cluster would pad a tile; TF32 launches with
+//   partials past 2048 tiles with K >= 4096 on devices under 4 TB/s of DRAM: the 256x128 tile with the node (row 13).
 // The split GEMM has one tile shape: under a wave with K past kShortK its stream-K row (x split in registers); elsewhere
 // from N = 768 x split before the GEMM, on a 2x1 cluster where it pads nothing; below, x split in registers (row 0):
 // the pass over x costs per row what the faster mainloop saves per column tile, so it pays from N = 768 on
@@ -217,7 +230,7 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics, i
     const int tall = tf32 ? kTf32TallRow : kHalfTallRow, tall_min_m = tf32 ? kTf32TallMinM : kHalfTallMinM;
     const bool large = N <= kTallN && (M >= kTallM || (M >= tall_min_m && tiles >= kTallTiles) ||
                                        (!tf32 && tiles >= kHalfTallTiles));
-    return K > kShorterK && large && !pads(tall) && tall_cluster_device(dram_gbps) ? tall : wide;
+    return K > kShorterK && large && !pads(tall) && low_dram_device(dram_gbps) ? tall : wide;
   }
   if ((tf32 && tiles < kWave) || (short_k && tiles <= 2 * kWave)) return kNarrow;
   // Short K with more tiles, statistics on (launches without took their row above): the epilogue dominates and the
@@ -231,7 +244,12 @@ int select_config(GemmOperands operands, int M, int N, int K, bool statistics, i
     return kShortMRow;
   }
   if (!statistics && K >= kWideTileK && tiles >= kWave && M > kFewRows) return wide_tile_row(operands);
-  if (tf32) return M <= kFewRows ? kNarrow : M <= kShortM && pads(kWide) ? kShortMRow : wide;
+  if (tf32) {
+    if (M <= kFewRows) return kNarrow;
+    if (M <= kShortM && pads(kWide)) return kShortMRow;
+    const bool wide_node = statistics && K >= kLongK && tiles > kYPassMaxTiles && !pads(kTf32WideNodeRow);
+    return wide_node && low_dram_device(dram_gbps) ? kTf32WideNodeRow : wide;  // the device asked last
+  }
   return M <= kShortM ? kShortMRow : kWide;
 }
 

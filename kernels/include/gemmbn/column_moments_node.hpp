@@ -17,7 +17,7 @@
 //   counts without a division (reduce_full_tile); the ragged tile carries counts (reduce_partial_tile).
 // - The warp-merge scratch is the epilogue's current D smem stage, free between the store pipeline's
 //   acquire and the register-to-smem copy that follows reduce().
-// - kMergePerTile (configs.h merge_per_tile; cooperative rows, EXPERIMENT): full tiles merge their subtile rows per
+// - kMergePerTile (configs.h merge_per_tile; cooperative rows, TF32 row 13): full tiles merge their subtile rows per
 //   thread, their lanes once per subtile column, and their warps once per tile, through shared memory of the node's
 //   own (CTA_N x 8 warps x (mean, M2) floats), so a tile takes one barrier of the node's instead of two per subtile.
 // - batches_tracked (optional) is incremented once per launch by tile (0, 0): the finish kernel runs

@@ -33,7 +33,7 @@ struct TileConfig {
   // memory (split_f16x3_presplit_mainloop.hpp).
   int presplit = 0;
   // Rows with the statistics node, cooperative: 1 merges the node's warps once per tile (in shared memory of its own)
-  // instead of once per epilogue subtile (column_moments_node.hpp kMergePerTile). EXPERIMENT (perf/NOTES.md v59).
+  // instead of once per epilogue subtile (column_moments_node.hpp kMergePerTile): TF32 row 13 (perf/NOTES.md v59, v60).
   int merge_per_tile = 0;
 };
 
@@ -90,14 +90,15 @@ inline constexpr TileConfig kTf32Configs[] = {
     {128, 128, 32, 1, 2, 32, 0, 1, 8},  // 10: row 4 with x multicast, along M (one wave, W's tiles read in step: v47)
     {128, 96, 32, 1, 2, 32, 0, 1, 8},   // 11: row 5 with x multicast, along M (the same for 128x96 tiles: v50)
     {128, 128, 32, 2, 2, 32, 1, 0, 8, 1, 0, 0},  // 12: row 7 on a 2x2 cluster, both operands multicast (tall, v52)
-#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45, v48, v50): picked by no rule
-    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 13: row 7, 64-column epilogue subtiles
-    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 14: cooperative 128x256 without the node, W multicast, 4 stages
-    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 15: row 4 with 128x16 subtiles: 6 stages, not 5
-    // 16: the 64x128 pair (row 8) with x multicast, along M: it won only where W's tiles had 8x x's readers (v50)
-    {64, 128, 32, 1, 2, 32, 1, 1, 8},
-    // 17: the cooperative 256x128 tile (row 9) with the statistics node merged once per tile (16-bit row 16's, v59)
+    // 13: the cooperative 256x128 tile (row 9) with the statistics node merged once per tile (16-bit experiment row
+    // 16's): long-K training forwards past 2048 tiles on devices under 4 TB/s of DRAM (v59, v60)
     {256, 128, 32, 1, 2, 16, 0, 0, 8, 1, 0, 1, 0, 1},
+#if GEMMBN_EXPERIMENT_ROWS  // EXPERIMENT (CMake option; perf/NOTES.md v23, v45, v48, v50): picked by no rule
+    {128, 128, 32, 2, 1, 64, 1, 0, 8, 1, 0, 0},   // 14: row 7, 64-column epilogue subtiles
+    {128, 256, 32, 2, 1, 16, 0, 0, 8, 1, 0, 0},   // 15: cooperative 128x256 without the node, W multicast, 4 stages
+    {128, 128, 32, 2, 1, 16, 0, 0, 8},            // 16: row 4 with 128x16 subtiles: 6 stages, not 5
+    // 17: the 64x128 pair (row 8) with x multicast, along M: it won only where W's tiles had 8x x's readers (v50)
+    {64, 128, 32, 1, 2, 32, 1, 1, 8},
 #endif
 };
 inline constexpr TileConfig kHalfConfigs[] = {  // bf16 and fp16 share the shapes
