@@ -45,15 +45,13 @@ constexpr int kTf32OneWaveX = 10, kHalfOneWaveX = 9, kTf32OneWave96X = 11, kHalf
 // Row 0's tile without the statistics node on a 2x2 cluster, x and W both multicast (TF32 row 12, 16-bit 11), for
 // launches without partials at 512 < K <= 1024 with N <= kTallN, from kTf32TallMinM / kHalfTallMinM rows: from
 // kTallTiles 128x128 tiles, or from kTallM rows; 16-bit also from kHalfTallTiles tiles at any M (perf/NOTES.md v52,
-// v53, v55, v56), on devices whose DRAM peaks under kTallMaxDramGbps: an H100 SXM (3.35 TB/s), where the cluster won;
+// v53, v55, v56), on devices whose DRAM peaks under kLowDramGbps: an H100 SXM (3.35 TB/s), where the cluster won;
 // not an H200 (4.8 TB/s), where row 0's tile alone ran 1.5-7% faster at every such shape (v54).
 constexpr int kTf32TallRow = 12, kHalfTallRow = 11, kTallM = 65536, kTallN = 8192, kTallTiles = 2048;
 constexpr int kTf32TallMinM = 8192, kHalfTallMinM = 32768, kHalfTallTiles = 5120;
-// TF32's cooperative 256x128 tile with the statistics node merged once per tile (row 13), for launches with partials
-// past kYPassMaxTiles 128x128 tiles (the epilogue's statistics there) with K >= kLongK, where its 1x2 cluster pads
-// nothing, on devices whose DRAM peaks under kLowDramGbps: it took 3.4-8.6% off the training forward on an H100 SXM
-// at 4096-16384 tiles (row 0's tile reads more operand bytes per flop); it trailed row 0 on an H200 (perf/NOTES.md v59,
-// v60).
+// TF32's cooperative 256x128 tile with the node merged once per tile (row 13): launches with partials past
+// kYPassMaxTiles tiles with K >= kLongK, where its 1x2 cluster pads nothing, on devices under kLowDramGbps (training
+// forwards 3.4-8.6% faster than on row 0 on an H100 SXM, slower on an H200: perf/NOTES.md v59, v60).
 constexpr int kTf32WideNodeRow = 13;
 static_assert(config_at(GemmOperands::tf32, kTf32WideNodeRow).tile_m == 256 &&
                   config_at(GemmOperands::tf32, kTf32WideNodeRow).statistics == 1 &&
