@@ -372,6 +372,35 @@ def test_sass_diff_hashes_each_kernel_without_its_addresses(monkeypatch):
     assert sass_diff.main() == 0
 
 
+def test_sass_regions_cuts_the_samples_by_instruction_index(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("perf_sass_regions", PERF / "ncu" / "sass_regions.py")
+    sass_regions = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_regions)
+    # ncu's page: a line naming the kernel, then the header; "(Not Issued)" columns are not stall reasons of their own.
+    page = tmp_path / "gemm.sass.csv"
+    page.write_text(
+        '"Kernel Name","device_kernel"\n'
+        '"Address","Source","Warp Stall Sampling (All Samples)","stall_barrier","stall_mio",'
+        '"stall_barrier (Not Issued)"\n'
+        '"0x00","      ULDC R1, c[0x0][0x28]","2","0","0","0"\n'
+        '"0x10","      HGMMA.64x128x16.F32.BF16 R88, gdesc[UR12], R88","10","2","8","2"\n'
+        '"0x20","@!P1   BRA 0x7f00","4","4","0","4"\n'
+        '"0x30","      FADD R1, R2, R3","4","0","0","0"\n'
+    )  # fmt: skip
+    rows = sass_regions.read_sass(page)
+    assert [sass_regions.opcode(r["Source"]) for r in rows] == ["ULDC", "HGMMA", "BRA", "FADD"]
+    head, body, tail = sass_regions.regions(rows, [1, 3])
+    assert (head.start, head.end, head.samples, head.share) == (0, 1, 2, 0.1)  # of 20 samples
+    assert (body.start, body.end, body.samples, body.share) == (1, 3, 14, 0.7)
+    assert body.stalls == [("mio", 8), ("barrier", 6)] and body.opcodes == [("HGMMA", 10), ("BRA", 4)]
+    assert (tail.samples, tail.share) == (4, 0.2)
+    with pytest.raises(ValueError, match="cuts must increase"):
+        sass_regions.regions(rows, [3, 1])
+    assert sass_regions.main([str(page), "--cuts", "1,3", "--top", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "4 instructions, 20 samples" in printed and " 70.0% of samples (14)" in printed
+
+
 def test_flow_order_walks_cutlass_order():
     # The persistent order (CUTLASS's sm90 get_work_idx_m_and_n) worked by hand for row 0 at 4096x8192->2048: along N
     # in bands of 8 clusters x 2 = 16 row tiles, column tile by column tile inside a band.
