@@ -186,6 +186,8 @@ wide_tile_check() {
 }
 # build-ab's default sizes: the local walk's shapes (few partials per column; perf/NOTES.md v45, v47).
 local_sizes="256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512"
+# The long-K shapes of the merge-per-tile steps (the 256x128 tile against row 0).
+merge_sizes=${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 # The perf extra on a bare device (no package index there): carried wheels of cuda-bindings and cuda-pathfinder
@@ -421,8 +423,7 @@ for name in $steps; do
       done ;;
     merge-per-tile)
       require_rows bfloat16 "15,16" || continue
-      sizes=${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}
-      size_args "$sizes"
+      size_args "$merge_sizes"
       for run in "bfloat16 0,4,15,16" "float32 0,4,13"; do
         read -r dtype rows <<< "$run"
         timeout $(limit 120) python3 perf/tune_gemm.py --dtypes "$dtype" --rows "$rows" --rasters 0 --swizzles 0 \
@@ -433,15 +434,14 @@ for name in $steps; do
         | tee "$out/clocks-merge-per-tile.txt"
       bench_ab merge-per-tile-ab 200 2 rule:GEMMBN_STATISTICS_ROW= \
         row16:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=16 \
-        row15:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=15 -- --sizes "$sizes" --configs bf16 \
+        row15:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=15 -- --sizes "$merge_sizes" --configs bf16 \
         --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
     merge-per-tile-tf32)
       require_rows float32 13 || continue
       bench_ab_both_methods merge-per-tile-tf32-ab 200 2 rule:GEMMBN_STATISTICS_ROW= \
         row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=0 \
         row13:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=13 -- \
-        --sizes "${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}" \
-        --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
+        --sizes "$merge_sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
     y-claims)
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py -k "statistics_sources or y_pass_claims" \
         2>&1 | tee "$out/y-claims-tests.log" | tail -3
