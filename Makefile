@@ -23,11 +23,20 @@ test: build
 # build: ~7 GB, ~1-2 min to install here; it runs on the CPU), then the test command's CPU tests but those marked
 # torch_agnostic (the emulated kernels and the rule's switches: ~250 s of CI's time, the same under any torch). It
 # caught a compiled fallback that only 2.10's dynamo could not trace.
+# Its install needs ~11 GB free (measured: 7.2 GB installed, 11.0 GB at the peak, the wheels beside what pip unpacked):
+# checked first, so a full disk says so rather than failing inside pip (a CI run did, at 1204 s); --no-cache-dir keeps
+# no copy of the wheels in pip's cache; a failed install leaves no venv for the next run to mistake for a good one.
 OLDEST_TORCH ?= 2.10.0
 OLDEST_VENV := .venv-torch$(OLDEST_TORCH)
+OLDEST_TORCH_FREE_GB ?= 11
 test-oldest-torch: build
-	@test -x $(OLDEST_VENV)/bin/python || { $(PYTHON) -m venv $(OLDEST_VENV) && \
-	  $(OLDEST_VENV)/bin/python -m pip install -q "torch==$(OLDEST_TORCH)" numpy pytest matplotlib; }
+	@test -x $(OLDEST_VENV)/bin/python || { \
+	  free_gb=$$(df --output=avail -BG . | tail -1 | tr -dc 0-9); \
+	  if [ "$$free_gb" -lt $(OLDEST_TORCH_FREE_GB) ]; then \
+	    echo "test-oldest-torch: torch $(OLDEST_TORCH) (PyPI's CUDA build) needs $(OLDEST_TORCH_FREE_GB) GB free to" \
+	      "install into $(OLDEST_VENV); $$free_gb GB free on $$(df --output=target . | tail -1)" >&2; exit 1; fi; \
+	  $(PYTHON) -m venv $(OLDEST_VENV) && $(OLDEST_VENV)/bin/python -m pip install -q --no-cache-dir \
+	    "torch==$(OLDEST_TORCH)" numpy pytest matplotlib || { rm -rf $(OLDEST_VENV); exit 1; }; }
 	rm -rf build/oldest-torch && mkdir -p build/oldest-torch && \
 	  cp -r "$$($(PY) -c 'import gemmbn, pathlib; print(pathlib.Path(gemmbn.__file__).parent)')" build/oldest-torch/
 	PYTHONPATH=build/oldest-torch $(OLDEST_VENV)/bin/python -m pytest -q -m "not gpu and not torch_agnostic" \
