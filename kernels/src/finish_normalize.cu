@@ -225,13 +225,18 @@ __device__ void partials_of_y(FinishParams<T> const& p) {
 // lane_s1, lane_s2: kThreads doubles of shared memory each, [tile lane][column offset].
 // from_ranks: n_t is rank t's count, M their sum, c the first mean of a rank with rows (a rank without rows adds
 // nothing). moments: the launch writes rows, mean_y and M2 = M var_y instead of the statistics' uses.
-template <int merge_columns, FinishMode kMode, class T>
+// kTailFromY (kRaggedTileFromY, api.h, with the GEMM's partials): partials of the M / tile_rows full row blocks alone;
+// the rows after them (fewer than tile_rows: the GEMM's ragged last row block) are read from y, each a term of n_t = 1
+// and M2_t = 0 in the lane's sums, and c is y's first row where no row block is full.
+template <int merge_columns, FinishMode kMode, bool kTailFromY = false, class T>
 __device__ void merge_column_group(FinishParams<T> const& p, int group, double* lane_s1, double* lane_s2,
                                    ColumnFactors factors) {
   constexpr bool kRanks = kMode == FinishMode::from_ranks;
+  static_assert(!(kTailFromY && kRanks), "the ranks' moments cover every row");
   constexpr int merge_lanes = kThreads / merge_columns;
   const int column_offset = threadIdx.x % merge_columns, tile_lane = threadIdx.x / merge_columns;
   const int64_t stride = kRanks ? p.partial_stride : int64_t(p.N);
+  auto partial_tiles = [&] { return kTailFromY ? static_cast<int>(p.M / p.tile_rows) : p.tiles; };  // merged
   auto tile_rows = [&](int t) { return static_cast<double>(min(int64_t(p.tile_rows), p.M - int64_t(t) * p.tile_rows)); };
   {
     const int col = group * merge_columns + column_offset;
@@ -250,6 +255,9 @@ __device__ void merge_column_group(FinishParams<T> const& p, int group, double* 
       }
     }
     double shift = valid ? p.partial_mean[col] : 0.0;
+    if constexpr (kTailFromY) {
+      if (partial_tiles() == 0) shift = valid ? static_cast<double>(to_float(p.y[col])) : 0.0;  // no full row block
+    }
     if constexpr (kRanks) {
       for (int t = 0; valid && t < p.tiles; ++t) {
         if (p.partial_count[t * stride + col] > 0) {
@@ -259,23 +267,30 @@ __device__ void merge_column_group(FinishParams<T> const& p, int group, double* 
       }
     }
     double s1 = 0, s2 = 0;
-    for (int t0 = tile_lane; t0 < p.tiles; t0 += merge_lanes * kMergeBatch) {
+    for (int t0 = tile_lane; t0 < partial_tiles(); t0 += merge_lanes * kMergeBatch) {
       float mean_t[kMergeBatch], m2_t[kMergeBatch];
 #pragma unroll
       for (int j = 0; j < kMergeBatch; ++j) {
         const int t = t0 + j * merge_lanes;
-        const bool in = valid && t < p.tiles;
+        const bool in = valid && t < partial_tiles();
         mean_t[j] = in ? p.partial_mean[int64_t(t) * stride + col] : 0.f;
         m2_t[j] = in ? p.partial_m2[int64_t(t) * stride + col] : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < kMergeBatch; ++j) {
         const int t = t0 + j * merge_lanes;
-        if (t >= p.tiles) continue;
+        if (t >= partial_tiles()) continue;
         const double n_t = kRanks ? double(p.partial_count[int64_t(t) * stride + col]) : tile_rows(t);
         const double deviation = mean_t[j] - shift;
         s1 = fma(n_t, deviation, s1);
         s2 += fma(n_t * deviation, deviation, double(m2_t[j]));
+      }
+    }
+    if constexpr (kTailFromY) {
+      for (int64_t r = int64_t(partial_tiles()) * p.tile_rows + tile_lane; valid && r < p.M; r += merge_lanes) {
+        const double deviation = static_cast<double>(to_float(p.y[r * p.N + col])) - shift;
+        s1 += deviation;
+        s2 = fma(deviation, deviation, s2);
       }
     }
     lane_s1[threadIdx.x] = s1;  // threadIdx.x = tile_lane * merge_columns + column_offset
@@ -320,11 +335,11 @@ __device__ void merge_column_group(FinishParams<T> const& p, int group, double* 
   }
 }
 
-template <int merge_columns, FinishMode kMode, class T>
+template <int merge_columns, FinishMode kMode, bool kTailFromY, class T>
 __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s1, double* lane_s2) {
   const int groups = (p.N + merge_columns - 1) / merge_columns;
   for (int group = blockIdx.x; group < groups; group += gridDim.x) {  // uniform across the block
-    merge_column_group<merge_columns, kMode>(p, group, lane_s1, lane_s2, workspace_factors(p));
+    merge_column_group<merge_columns, kMode, kTailFromY>(p, group, lane_s1, lane_s2, workspace_factors(p));
   }
 }
 
@@ -332,9 +347,12 @@ __device__ void merge_column_statistics(FinishParams<T> const& p, double* lane_s
 template <class T>
 __device__ void merge_one_group(FinishParams<T> const& p, int group, double* lane_s1, double* lane_s2) {
   switch (p.merge_columns) {
-    case 4: merge_column_group<4, FinishMode::normalize>(p, group, lane_s1, lane_s2, workspace_factors(p)); break;
-    case 8: merge_column_group<8, FinishMode::normalize>(p, group, lane_s1, lane_s2, workspace_factors(p)); break;
-    default: merge_column_group<16, FinishMode::normalize>(p, group, lane_s1, lane_s2, workspace_factors(p)); break;
+    case 4: merge_column_group<4, FinishMode::normalize, kRaggedTileFromY>(p, group, lane_s1, lane_s2,
+                                                                            workspace_factors(p)); break;
+    case 8: merge_column_group<8, FinishMode::normalize, kRaggedTileFromY>(p, group, lane_s1, lane_s2,
+                                                                            workspace_factors(p)); break;
+    default: merge_column_group<16, FinishMode::normalize, kRaggedTileFromY>(p, group, lane_s1, lane_s2,
+                                                                              workspace_factors(p)); break;
   }
 }
 
@@ -468,6 +486,7 @@ template <class T, bool kFromY = false, FinishMode kMode = FinishMode::normalize
 __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams<T> p) {
   static_assert(!(kFromY && kMode == FinishMode::from_ranks), "the ranks' moments are the partials");
   static_assert(!kProduct || (kFromY && kMode == FinishMode::normalize), "the product variant makes its partials");
+  constexpr bool kTailFromY = kRaggedTileFromY && !kFromY && kMode != FinishMode::from_ranks;  // the GEMM's partials
   __shared__ double lane_s1[kThreads], lane_s2[kThreads];
   wait_for_preceding_grids();  // the GEMM's y, partials and batches_tracked (a programmatic launch)
   if constexpr (kFromY) {
@@ -476,9 +495,9 @@ __global__ void __launch_bounds__(kThreads) finish_normalize_kernel(FinishParams
     cg::this_grid().sync();  // orders the partials and the count before phase 1's reads
   }
   switch (p.merge_columns) {
-    case 4: merge_column_statistics<4, kMode>(p, lane_s1, lane_s2); break;
-    case 8: merge_column_statistics<8, kMode>(p, lane_s1, lane_s2); break;
-    default: merge_column_statistics<16, kMode>(p, lane_s1, lane_s2); break;
+    case 4: merge_column_statistics<4, kMode, kTailFromY>(p, lane_s1, lane_s2); break;
+    case 8: merge_column_statistics<8, kMode, kTailFromY>(p, lane_s1, lane_s2); break;
+    default: merge_column_statistics<16, kMode, kTailFromY>(p, lane_s1, lane_s2); break;
   }
   if constexpr (kMode == FinishMode::moments) return;  // every block: no phase 2
   if (p.claim_counter != nullptr && blockIdx.x == 0 && threadIdx.x == 0) *p.claim_counter = 0;
@@ -501,7 +520,8 @@ __global__ void __launch_bounds__(kThreads) finish_local_kernel(FinishParams<T> 
   for (int item = blockIdx.x; item < p.items; item += gridDim.x) {  // uniform across the block
     const int stripe = item % p.stripes;
     const ColumnFactors factors{alpha, delta, stripe * kCols, /*publish=*/item < p.stripes};  // row chunk 0
-    merge_column_group<kCols, FinishMode::normalize>(p, stripe, lane_s1, lane_s2, factors);  // ends with a barrier
+    merge_column_group<kCols, FinishMode::normalize, kRaggedTileFromY>(p, stripe, lane_s1, lane_s2,
+                                                                      factors);  // ends with a barrier
     normalize_item<T, false>(p, item, factors);
   }
 }

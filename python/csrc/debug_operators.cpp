@@ -61,6 +61,9 @@ int64_t gemm_selected_config(std::string dtype, int64_t M, int64_t N, int64_t K,
 
 int64_t device_dram_gbps() { return gemmbn::device_dram_gbps(); }
 
+// Whether this build's GEMM leaves a ragged last row block's partials to finish_normalize (api.h kRaggedTileFromY).
+bool ragged_tile_from_y() { return gemmbn::kRaggedTileFromY; }
+
 // The split of each tile's K range a stream-K row's call gets from the rule (configs.h select_splits; 1: CUTLASS's
 // stream-K heuristic).
 int64_t gemm_selected_splits(int64_t M, int64_t N) {
@@ -225,6 +228,7 @@ STABLE_TORCH_LIBRARY(gemmbn_debug, m) {
   m.def("gemm_config_row(str dtype, int M, int N, int K, int config, bool split, bool statistics) -> int[]");
   m.def("gemm_selected_config(str dtype, int M, int N, int K, bool split, bool statistics, int dram_gbps) -> int");
   m.def("device_dram_gbps() -> int");
+  m.def("ragged_tile_from_y() -> bool");
   m.def("gemm_selected_splits(int M, int N) -> int");
   m.def("train_statistics_from_y(str dtype, int M, int N, int K, bool split) -> bool");
   m.def("train_product_by_cublas(str dtype, int M, int N, int K) -> bool");
@@ -252,6 +256,7 @@ STABLE_TORCH_LIBRARY_IMPL(gemmbn_debug, CompositeExplicitAutograd, m) {
   m.impl("gemm_config_row", TORCH_BOX(&gemm_config_row));
   m.impl("gemm_selected_config", TORCH_BOX(&gemm_selected_config));
   m.impl("device_dram_gbps", TORCH_BOX(&device_dram_gbps));
+  m.impl("ragged_tile_from_y", TORCH_BOX(&ragged_tile_from_y));
   m.impl("gemm_selected_splits", TORCH_BOX(&gemm_selected_splits));
   m.impl("train_statistics_from_y", TORCH_BOX(&train_statistics_from_y));
   m.impl("train_product_by_cublas", TORCH_BOX(&train_product_by_cublas));

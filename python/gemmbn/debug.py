@@ -65,6 +65,12 @@ def device_dram_gbps() -> int:
     return _ops().device_dram_gbps()
 
 
+def ragged_tile_from_y() -> bool:
+    """Whether this build's GEMM leaves the partials of a ragged last row block (M not a multiple of partial_rows)
+    unwritten and finish_normalize reads those rows from y instead (CMake GEMMBN_RAGGED_TILE_FROM_Y, an experiment)."""
+    return bool(_ops().ragged_tile_from_y())
+
+
 def gemm_selected_splits(M: int, N: int) -> int:
     """Split-K factor a stream-K row's call gets for an M x N output when it names none (1: CUTLASS's heuristic)."""
     return _ops().gemm_selected_splits(M, N)

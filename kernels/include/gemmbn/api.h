@@ -42,10 +42,19 @@ struct Status {
 //   y[m, n] = ((acc[m, n] + bias[n]) * scale[n]) * gain[n] + shift[n],   acc = x @ weight^T (fp32)
 //   partial_mean[t, n], partial_m2[t, n] = mean and sum of squared deviations of y[m, n] as stored
 //   (rounded to dtype) over the valid rows m of row block t (partial_rows of the configuration row
-//   used, see gemm_config_row).
+//   used, see gemm_config_row); where kRaggedTileFromY, only over full row blocks (t < M / partial_rows).
 // Null vectors take the identity (bias 0, scale 1, gain 1, shift 0); null partials skip the statistics.
 // batches_tracked, if not null, is incremented once by the launch (so the finish kernel, later on the
 // same stream, reads the new count for momentum=None).
+#ifndef GEMMBN_RAGGED_TILE_FROM_Y  // CMake sets it (0 or 1)
+#define GEMMBN_RAGGED_TILE_FROM_Y 0
+#endif
+// EXPERIMENT (CMake GEMMBN_RAGGED_TILE_FROM_Y; perf/NOTES.md v61): the statistics node leaves a ragged last row block
+// (M not a multiple of partial_rows) out, so the GEMM kernels carry no code for partial row blocks (about 60% of a
+// kernel's SASS, though only the last row block of a ragged M runs it), and finish_normalize reads those rows' moments
+// from y itself. Off: the node makes every row block's partials.
+inline constexpr bool kRaggedTileFromY = GEMMBN_RAGGED_TILE_FROM_Y != 0;
+
 struct GemmScaleStatsArgs {
   DType dtype = DType::f32;   // of x, weight, y, bias, scale; f32 runs TF32 tensor cores unless split
   const void* x = nullptr;    // [M, K] row-major
@@ -166,7 +175,9 @@ struct FinishNormalizeArgs {
   const void* y = nullptr;
   void* out = nullptr;
   int M = 0, N = 0;
-  float* partial_mean = nullptr;  // [ceil(M / tile_rows), N], read (written first when partials_from_y)
+  // [ceil(M / tile_rows), N], read (written first when partials_from_y); where kRaggedTileFromY and the partials are
+  // the GEMM's (not from y, not rank_moments), only rows t < M / tile_rows are read and the rest of y's rows are.
+  float* partial_mean = nullptr;
   float* partial_m2 = nullptr;
   int tile_rows = 128;
   bool partials_from_y = false;

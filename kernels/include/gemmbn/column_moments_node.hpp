@@ -1,7 +1,8 @@
 // Epilogue visitor node (CUTLASS 3.x sm90 EVT): per-column moments of its input over each CTA tile's rows.
 //
 //   partial_mean[t, n] = mean_m v[m, n],   partial_m2[t, n] = sum_m (v[m, n] - mean)^2
-//   over the rows m < M of M-tile t; v is forwarded unchanged to the parent.
+//   over the rows m < M of M-tile t (where kRaggedTileFromY, api.h: of the full M-tiles only); v is forwarded
+//   unchanged to the parent.
 //
 // NOTES:
 // - Reduced once per epilogue subtile, so only the current subtile's columns live in registers (the
@@ -29,6 +30,7 @@
 
 #include <cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp>
 
+#include "gemmbn/api.h"
 #include "gemmbn/moments.cuh"
 #include "gemmbn/no_workspace_node.hpp"
 #include "gemmbn/tile_flow.h"
@@ -161,6 +163,15 @@ struct Sm90ColumnMoments : NoWorkspaceNode<ColumnMomentsArguments> {
                             sizeof(typename cute::remove_cvref_t<SmemTensor>::value_type),
                     "epilogue smem stage too small for the column-moments scratch");
       float* scratch = reinterpret_cast<float*>(raw_pointer_cast(smem_buffer.data()));
+      if constexpr (kRaggedTileFromY) {  // full row blocks only; reduce_partial_tile is never instantiated
+        if (get<0>(residue) < kEpiM * EpiTileM) return;  // a ragged last row block: the finish reads its rows from y
+        if constexpr (kMergePerTile) {
+          reduce_full_tile_once(sync_fn, epi_m, epi_n);
+        } else {
+          reduce_full_tile(scratch, sync_fn, epi_m, epi_n);
+        }
+        return;
+      }
       if constexpr (kMergePerTile) {
         if (get<0>(residue) >= kEpiM * EpiTileM) {  // every row of the tile (uniform across the CTA)
           reduce_full_tile_once(sync_fn, epi_m, epi_n);
