@@ -54,9 +54,10 @@ def kernels_only(kernel: Path) -> str:
     return source[: source.index(DEVICE_CODE_END)] + DEVICE_CODE_END + "}  // namespace gemmbn\n"
 
 
-def build(tmp_path: Path, driver: str, sources: dict[str, str]) -> Path:
-    """Write ``sources`` (file name -> text) into tmp_path and build tests/emulation/<driver> against them; the binary.
-    Skips where g++ or the CUDA toolkit's headers are missing."""
+def build(tmp_path: Path, driver: str, sources: dict[str, str], defines: dict[str, int] | None = None) -> Path:
+    """Write ``sources`` (file name -> text) into tmp_path and build tests/emulation/<driver> against them, with the
+    preprocessor ``defines`` (a build option's macro, as CMake sets it); the binary. Skips where g++ or the CUDA
+    toolkit's headers are missing."""
     cuda, compiler = cuda_home(), shutil.which("g++")
     if cuda is None or compiler is None:
         pytest.skip("needs g++ and the CUDA toolkit's headers (the extension's build needs both too)")
@@ -67,6 +68,7 @@ def build(tmp_path: Path, driver: str, sources: dict[str, str]) -> Path:
     command = [compiler, "-std=c++20", "-O2", "-pthread", f"-I{tmp_path}", f"-I{ROOT / 'kernels' / 'include'}",
                f"-I{ROOT / 'kernels' / 'src'}", f"-I{cuda / 'include'}", str(EMULATION / driver), "-o", str(binary),
                f"-L{library}", "-lcudart", f"-Wl,-rpath,{library}"]  # fmt: skip
+    command += [f"-D{name}={value}" for name, value in (defines or {}).items()]
     built = subprocess.run(command, capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-4000:]
     return binary

@@ -88,6 +88,14 @@ def _gemm(x, w, b, s, name, stats=True, counter=None, config=-1, raster=-1, swiz
     return y, pm, pm2, tile_m
 
 
+def _bitwise_equal(a, c):
+    """Equal bits, NaN poison included (a row block a build leaves unwritten: debug.ragged_tile_from_y)."""
+    if a is None or c is None:
+        return a is None and c is None
+    as_int = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    return a.dtype == c.dtype and torch.equal(a.view(as_int), c.view(as_int))
+
+
 def _tile_moments(acc64, tile_m):
     means, m2s = [], []
     for start in range(0, acc64.shape[0], tile_m):
@@ -110,10 +118,17 @@ def _check_gemm_and_partials(x, w, b, s, name, **launch):
     assert _rel(y, y_ref) < GEMM_TOL[name]
     if not launch.get("stats", True):
         return  # a row without the statistics node
+    if y.shape[0] % tile_m != 0 and debug.ragged_tile_from_y():
+        # This build leaves the ragged last row block's statistics to the finish (api.h kRaggedTileFromY): its
+        # partials stay as poisoned, and the full row blocks' are checked.
+        assert pm[-1].isnan().all() and pm2[-1].isnan().all(), "the ragged row block's partials must stay unwritten"
+        pm, pm2 = pm[:-1], pm2[:-1]
+        if pm.shape[0] == 0:
+            return  # no full row block (M < tile_m)
     assert not pm.isnan().any() and not pm2.isnan().any(), "unwritten partials"
     # The partials describe y as stored: against float64 statistics of the kernel's own y, only the
     # reduction errs (fp32 per-thread two-pass moments and Chan merges over <= 256 rows: a few ulp).
-    mean_ref, m2_ref = _tile_moments(y.double(), tile_m)
+    mean_ref, m2_ref = _tile_moments(y.double()[: pm.shape[0] * tile_m], tile_m)
     assert _rel(pm, mean_ref) < 1e-5
     assert _rel(pm2, m2_ref) < 1e-5
 
@@ -177,7 +192,7 @@ def test_merge_per_tile_rows_across_many_tiles(name, row):
     _check_gemm_and_partials(*problem, name, config=row)
     first, second = _gemm(*problem, name, config=row), _gemm(*problem, name, config=row)
     for a, c in zip(first[:3], second[:3]):
-        assert torch.equal(a, c), "a fixed merge order must give the same bits on every run"
+        assert _bitwise_equal(a, c), "a fixed merge order must give the same bits on every run"
 
 
 @pytest.mark.parametrize("name,row", STREAM_K_ROWS)
@@ -192,7 +207,7 @@ def test_stream_k_rows_sum_their_splits(name, row, M, K, N, splits):
     first = _gemm(*problem, name, config=row, splits=splits)
     second = _gemm(*problem, name, config=row, splits=splits)
     for a, c in zip(first[:3], second[:3]):
-        assert torch.equal(a, c), "the fixed-order reduction must give the same bits on every run"
+        assert _bitwise_equal(a, c), "the fixed-order reduction must give the same bits on every run"
 
 
 def test_stream_k_workspace_is_checked():
@@ -389,7 +404,7 @@ def test_deterministic(name):
     first = _gemm(x, w, b, s, name)
     second = _gemm(x, w, b, s, name)
     for a, c in zip(first[:3], second[:3]):
-        assert torch.equal(a, c)
+        assert _bitwise_equal(a, c)
 
 
 def _eval_problem(name, seed, M=333, K=256, N=264):

@@ -134,6 +134,9 @@ bool run_ranks(const Case& c, const std::vector<T>& y, std::vector<T>& out, Fini
     std::vector<float> mean, m2;
     tile_partials(y, N, begins[r], ends[r], tile_rows, mean, m2);
     if (from_y) std::fill(mean.begin(), mean.end(), NAN), std::fill(m2.begin(), m2.end(), NAN);  // phase 0's
+    if (!from_y && kRaggedTileFromY && rows % tile_rows != 0) {  // the ragged row block the GEMM leaves out
+      std::fill(mean.end() - N, mean.end(), NAN), std::fill(m2.end() - N, m2.end(), NAN);
+    }
     FinishParams<T> q{y.data() + begins[r] * N, nullptr, rows, N, mean.data(), m2.data(),
                       int((rows + tile_rows - 1) / tile_rows), tile_rows, nullptr, nullptr, nullptr, nullptr, nullptr,
                       false, 0.1, 1e-5, nullptr, nullptr, merge_columns_for(N), w.stripes, w.rows_per_chunk,
@@ -223,8 +226,10 @@ Worst run_case(const Case& c, Source source) {
       for (int64_t m = begin; m < end; ++m) tile_sum += value(m, n);
       const double tile_mean = tile_sum / double(end - begin);
       for (int64_t m = begin; m < end; ++m) tile_squares += (value(m, n) - tile_mean) * (value(m, n) - tile_mean);
-      partial_mean[at] = from_y ? NAN : float(tile_mean);
-      partial_m2[at] = from_y ? NAN : float(tile_squares);
+      // Where the GEMM leaves its ragged last row block out (kRaggedTileFromY), its partials are poison too.
+      const bool made = !from_y && !(kRaggedTileFromY && end - begin < tile_rows);
+      partial_mean[at] = made ? float(tile_mean) : NAN;
+      partial_m2[at] = made ? float(tile_squares) : NAN;
     }
   }
 
@@ -454,6 +459,8 @@ int main(int argc, char** argv) {
       {"2048x264, mean/std 1e4", 2048, 264, 1e4, 0, 64, 264, false},
       // Few blocks: chunks of several passes, the last chunk short (the y pass's claims past its rows find none).
       {"5000x264, 24 blocks", 5000, 264, 2, 0, 128, 24, false},
+      // A ragged last row block (76 rows) where the shift matters: mean/std 1e4, the first rows 1e3 further out.
+      {"1100x264, mean/std 1e4, rows +1e3", 1100, 264, 1e4, 1e3, 128, 264, false},
   };
   bool ok = check_fold<float>("float32") & check_fold<__nv_bfloat16>("bfloat16") & check_fold<__half>("float16");
   for (const Case& c : cases) {
