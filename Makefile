@@ -57,12 +57,17 @@ endif
 # The experimental rows as well (CMake GEMMBN_EXPERIMENT_ROWS=ON: rows no rule picks, which gpu_session.sh's experiment
 # steps time), built apart in build/experiment (first build ~17 min) and left as $(EXPERIMENT_OUT)/_operators.so
 # (ignored) for a device call to carry as python/gemmbn/_operators.so; .venv's install is left as it was.
+# EXPERIMENT_OPTIONS names other CMake options instead, e.g. `make build-experiment
+# EXPERIMENT_OPTIONS=GEMMBN_RAGGED_TILE_FROM_Y=ON` (the default rows, the ragged row block's statistics from y); the
+# cache is configured afresh each time, so an option of an earlier call does not stay on.
 EXPERIMENT_OUT ?= perf/results/raw/experiment
+EXPERIMENT_OPTIONS ?= GEMMBN_EXPERIMENT_ROWS=ON
 build-experiment: $(VENV)/.deps
-	@mkdir -p build && echo "building gemmbn with the experimental rows (log: build/pip-experiment.log)"
+	@mkdir -p build && echo "building gemmbn with $(EXPERIMENT_OPTIONS) (log: build/pip-experiment.log)"
+	@rm -f build/experiment/CMakeCache.txt
 	@$(PY) -m pip install --no-build-isolation --no-deps --upgrade -v --target build/experiment-site . \
-	  -Cbuild-dir=build/experiment -Ccmake.define.GEMMBN_EXPERIMENT_ROWS=ON > build/pip-experiment.log 2>&1 \
-	  || { tail -40 build/pip-experiment.log; exit 1; }
+	  -Cbuild-dir=build/experiment $(foreach option,$(EXPERIMENT_OPTIONS),-Ccmake.define.$(option)) \
+	  > build/pip-experiment.log 2>&1 || { tail -40 build/pip-experiment.log; exit 1; }
 	mkdir -p $(EXPERIMENT_OUT) && cp build/experiment-site/gemmbn/_operators.so $(EXPERIMENT_OUT)/
 
 # Registers, stack frames and spills of every kernel.

@@ -61,6 +61,14 @@
 #   merge-per-tile-tf32  the TF32 training forward by the rule against rows 0 and 13 forced (row 0's tile, and the
 #                     256x128 tile merged once per tile, which the rule takes under 4 TB/s of DRAM) with the epilogue's
 #                     statistics, back to back and synchronized, two rounds each (GEMMBN_MERGE_SIZES)
+#   ragged-tests      the GPU tests of test_native_gpu, test_fused_gpu and test_operators_gpu with the carried build of
+#                     CMake GEMMBN_RAGGED_TILE_FROM_Y=ON (GEMMBN_RAGGED_BUILD, default perf/results/raw/ragged: a folder
+#                     holding its _operators.so; `make build-experiment EXPERIMENT_OPTIONS=GEMMBN_RAGGED_TILE_FROM_Y=ON
+#                     EXPERIMENT_OUT=perf/results/raw/ragged`): the node without its code for partial row blocks, the
+#                     finish reading a ragged last row block from y (perf/NOTES.md v61)
+#   ragged-ab         that build's training forward against the carried default build's, both methods, three rounds,
+#                     TF32 and bf16, at GEMMBN_RAGGED_SIZES (default: M a multiple of 128, where only the GEMM's code
+#                     size differs, and ragged M, where the finish reads the last rows of y)
 #   y-claims          the y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1) and half claimed (the experiment
 #                     GEMMBN_FINISH_Y_CLAIM_SHARE=50) against its static walk (perf/NOTES.md v58): the GPU tests of the
 #                     walks, then the training forward at the sweep's y-pass shapes (TF32 at K = 2048 takes the
@@ -442,6 +450,21 @@ for name in $steps; do
         row0:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=0 \
         row13:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=13 -- \
         --sizes "$merge_sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
+    ragged-tests)
+      ragged=${GEMMBN_RAGGED_BUILD:-perf/results/raw/ragged}
+      [[ -f $ragged/_operators.so ]] || { echo "$name: carry $ragged/_operators.so"; continue; }
+      stage=$(mktemp -d) && cp -r python/gemmbn "$stage/" && cp "$ragged/_operators.so" "$stage/gemmbn/"
+      PYTHONPATH=$stage python3 -c "from gemmbn import debug; assert debug.ragged_tile_from_y(), 'not that build'" \
+        || continue
+      timeout $(limit 540) env PYTHONPATH="$stage" python3 -m pytest -q -rs tests/test_native_gpu.py \
+        tests/test_fused_gpu.py tests/test_operators_gpu.py 2>&1 | tee "$out/ragged-tests.log" | tail -8 ;;
+    ragged-ab)
+      ragged=${GEMMBN_RAGGED_BUILD:-perf/results/raw/ragged}
+      [[ -f $ragged/_operators.so ]] || { echo "$name: carry $ragged/_operators.so"; continue; }
+      sizes="16384 4096 4096;65536 1024 1024;4096 4096 4096;16400 4096 4096;65600 1024 1024;4000 4096 4096"
+      bench_ab_both_methods ragged-ab 260 3 default:GEMMBN_AB_SIDE=default "$ragged" -- \
+        --sizes "${GEMMBN_RAGGED_SIZES:-$sizes}" --configs tf32,bf16 --providers gemmbn,cublas --no-compile \
+        --iters 30 ;;
     y-claims)
       timeout $(limit 150) python3 -m pytest -q -rs tests/test_fused_gpu.py -k "statistics_sources or y_pass_claims" \
         2>&1 | tee "$out/y-claims-tests.log" | tail -3
