@@ -50,9 +50,9 @@ struct Status {
 #define GEMMBN_RAGGED_TILE_FROM_Y 0
 #endif
 // EXPERIMENT (CMake GEMMBN_RAGGED_TILE_FROM_Y; perf/NOTES.md v61): the statistics node leaves a ragged last row block
-// (M not a multiple of partial_rows) out, so the GEMM kernels carry no code for partial row blocks (about 60% of a
-// kernel's SASS, though only the last row block of a ragged M runs it), and finish_normalize reads those rows' moments
-// from y itself. Off: the node makes every row block's partials.
+// (M not a multiple of partial_rows) out, so the GEMM kernels carry no code for partial row blocks (45-70% of their
+// SASS, though only the last row block of a ragged M runs it), and finish_normalize reads those rows' moments from y
+// itself. Off: the node makes every row block's partials.
 inline constexpr bool kRaggedTileFromY = GEMMBN_RAGGED_TILE_FROM_Y != 0;
 
 struct GemmScaleStatsArgs {
