@@ -349,7 +349,7 @@ def test_sync_step_times_every_rank_on_the_cpu(tmp_path):
         assert abs(float(r["over_gemmbn_single"]) - expected) <= 1e-3 * expected + 1e-3
 
 
-def test_sass_diff_hashes_each_kernel_without_its_addresses(monkeypatch):
+def test_sass_diff_hashes_each_kernel_without_its_addresses(monkeypatch, capsys):
     sass_diff = _load("sass_diff")
     listings = {
         "a.so": "\tcode for sm_90a\n\t\tFunction : kernel_one\n        /*0000*/   MOV R1, c[0x0][0x28] ;\n"
@@ -370,6 +370,15 @@ def test_sass_diff_hashes_each_kernel_without_its_addresses(monkeypatch):
     assert sass_diff.main() == 1
     monkeypatch.setattr(sys, "argv", ["sass_diff.py", "a.so", "a.so"])
     assert sass_diff.main() == 0
+    # --counts: kernel_two's instructions in each build (1 in a.so, 2 once b.so's has an EXIT more), and the totals
+    listings["b.so"] += "        /*0010*/   EXIT ;\n"
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", ["sass_diff.py", "--counts", "a.so", "b.so"])
+    assert sass_diff.main() == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "2 / 2 kernels; 2 in both, 1 with identical SASS"
+    assert lines[2].split() == ["1", "2", "2.00", "kernel_two"]
+    assert lines[3].split()[:3] == ["2", "3", "1.50"]
 
 
 def test_sass_regions_cuts_the_samples_by_instruction_index(tmp_path, capsys):
