@@ -65,8 +65,8 @@
 #                     CMake GEMMBN_RAGGED_TILE_FROM_Y=ON (GEMMBN_RAGGED_BUILD, default perf/results/raw/ragged: a folder
 #                     holding its _operators.so; `make build-experiment EXPERIMENT_OPTIONS=GEMMBN_RAGGED_TILE_FROM_Y=ON
 #                     EXPERIMENT_OUT=perf/results/raw/ragged`): the node without its code for partial row blocks, the
-#                     finish reading a ragged last row block from y (perf/NOTES.md v61); then compute-sanitizer's
-#                     memcheck on ragged training forwards through both of the finish's walks
+#                     finish reading a ragged last row block from y (perf/NOTES.md v61); compute-sanitizer's memcheck
+#                     on ragged training forwards through both of the finish's walks first
 #   ragged-ab         that build's training forward against the carried default build's, both methods, three rounds,
 #                     TF32 and bf16, at GEMMBN_RAGGED_SIZES (default: M a multiple of 128, where only the GEMM's code
 #                     size differs, and ragged M, where the finish reads the last rows of y)
@@ -457,9 +457,7 @@ for name in $steps; do
       stage=$(mktemp -d) && cp -r python/gemmbn "$stage/" && cp "$ragged/_operators.so" "$stage/gemmbn/"
       PYTHONPATH=$stage python3 -c "from gemmbn import debug; assert debug.ragged_tile_from_y(), 'not that build'" \
         || continue
-      timeout $(limit 540) env PYTHONPATH="$stage" python3 -m pytest -q -rs tests/test_native_gpu.py \
-        tests/test_fused_gpu.py tests/test_operators_gpu.py 2>&1 | tee "$out/ragged-tests.log" | tail -8
-      # memcheck on ragged training forwards with the epilogue's statistics, the barrier walk and the dataflow walk
+      # memcheck first (a minute): ragged training forwards with the epilogue's statistics, through both walks
       forwards="import torch, gemmbn
 for dtype in (torch.bfloat16, torch.float32):
     for M, K, N in ((1000, 512, 264), (8200, 512, 1032)):
@@ -467,10 +465,12 @@ for dtype in (torch.bfloat16, torch.float32):
         assert layer(torch.randn(M, K, device='cuda', dtype=dtype)).isfinite().all()
 print('forwards ran')"
       for walk in 0 1; do
-        timeout $(limit 150) env PYTHONPATH="$stage" GEMMBN_STATISTICS_SOURCE=epilogue GEMMBN_FINISH_DATAFLOW=$walk \
+        timeout $(limit 100) env PYTHONPATH="$stage" GEMMBN_STATISTICS_SOURCE=epilogue GEMMBN_FINISH_DATAFLOW=$walk \
           compute-sanitizer --tool memcheck --error-exitcode 1 python3 -c "$forwards" 2>&1 \
           | tee -a "$out/ragged-memcheck.log" | tail -3
-      done ;;
+      done
+      timeout $(limit 540) env PYTHONPATH="$stage" python3 -m pytest -q -rs tests/test_native_gpu.py \
+        tests/test_fused_gpu.py tests/test_operators_gpu.py 2>&1 | tee "$out/ragged-tests.log" | tail -8 ;;
     ragged-ab)
       ragged=${GEMMBN_RAGGED_BUILD:-perf/results/raw/ragged}
       [[ -f $ragged/_operators.so ]] || { echo "$name: carry $ragged/_operators.so"; continue; }
