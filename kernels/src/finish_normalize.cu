@@ -236,7 +236,8 @@ __device__ void merge_column_group(FinishParams<T> const& p, int group, double* 
   constexpr int merge_lanes = kThreads / merge_columns;
   const int column_offset = threadIdx.x % merge_columns, tile_lane = threadIdx.x / merge_columns;
   const int64_t stride = kRanks ? p.partial_stride : int64_t(p.N);
-  auto partial_tiles = [&] { return kTailFromY ? static_cast<int>(p.M / p.tile_rows) : p.tiles; };  // merged
+  const int full_tiles = kTailFromY ? static_cast<int>(p.M / p.tile_rows) : 0;  // divided once, not per use
+  auto partial_tiles = [&] { return kTailFromY ? full_tiles : p.tiles; };  // merged (p.tiles read as before OFF)
   auto tile_rows = [&](int t) { return static_cast<double>(min(int64_t(p.tile_rows), p.M - int64_t(t) * p.tile_rows)); };
   {
     const int col = group * merge_columns + column_offset;
