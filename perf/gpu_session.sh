@@ -197,6 +197,8 @@ wide_tile_check() {
 local_sizes="256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512"
 # The long-K shapes of the merge-per-tile steps (the 256x128 tile against row 0).
 merge_sizes=${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}
+# The ragged steps' carried build of CMake GEMMBN_RAGGED_TILE_FROM_Y=ON (a folder holding its _operators.so).
+ragged=${GEMMBN_RAGGED_BUILD:-perf/results/raw/ragged}
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 # The perf extra on a bare device (no package index there): carried wheels of cuda-bindings and cuda-pathfinder
@@ -452,7 +454,6 @@ for name in $steps; do
         row13:GEMMBN_STATISTICS_SOURCE=epilogue,GEMMBN_STATISTICS_ROW=13 -- \
         --sizes "$merge_sizes" --configs tf32 --providers gemmbn,eager,cublas --no-compile --iters 20 ;;
     ragged-tests)
-      ragged=${GEMMBN_RAGGED_BUILD:-perf/results/raw/ragged}
       [[ -f $ragged/_operators.so ]] || { echo "$name: carry $ragged/_operators.so"; continue; }
       stage=$(mktemp -d) && cp -r python/gemmbn "$stage/" && cp "$ragged/_operators.so" "$stage/gemmbn/"
       PYTHONPATH=$stage python3 -c "from gemmbn import debug; assert debug.ragged_tile_from_y(), 'not that build'" \
@@ -472,7 +473,6 @@ print('forwards ran')"
       timeout $(limit 540) env PYTHONPATH="$stage" python3 -m pytest -q -rs tests/test_native_gpu.py \
         tests/test_fused_gpu.py tests/test_operators_gpu.py 2>&1 | tee "$out/ragged-tests.log" | tail -8 ;;
     ragged-ab)
-      ragged=${GEMMBN_RAGGED_BUILD:-perf/results/raw/ragged}
       [[ -f $ragged/_operators.so ]] || { echo "$name: carry $ragged/_operators.so"; continue; }
       sizes="16384 4096 4096;65536 1024 1024;4096 4096 4096;16400 4096 4096;65600 1024 1024;4000 4096 4096"
       bench_ab_both_methods ragged-ab 260 3 default:GEMMBN_AB_SIDE=default "$ragged" -- \

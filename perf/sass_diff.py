@@ -39,11 +39,6 @@ def kernel_listings(library: str) -> dict[str, tuple[str, int]]:
     }  # fmt: skip
 
 
-def kernel_hashes(library: str) -> dict[str, str]:
-    """Kernel name -> md5 of its SASS, addresses stripped."""
-    return {name: digest for name, (digest, _) in kernel_listings(library).items()}
-
-
 def main() -> int:
     args = sys.argv[1:]
     counts = "--counts" in args

@@ -363,9 +363,9 @@ def test_sass_diff_hashes_each_kernel_without_its_addresses(monkeypatch, capsys)
         return subprocess.CompletedProcess(command, 0, stdout=listings[command[-1]], stderr="")
 
     monkeypatch.setattr(sass_diff.subprocess, "run", fake_run)
-    a, b = sass_diff.kernel_hashes("a.so"), sass_diff.kernel_hashes("b.so")
+    a, b = sass_diff.kernel_listings("a.so"), sass_diff.kernel_listings("b.so")
     assert set(a) == set(b) == {"kernel_one", "kernel_two"}
-    assert a["kernel_one"] == b["kernel_one"] and a["kernel_two"] != b["kernel_two"]
+    assert a["kernel_one"][0] == b["kernel_one"][0] and a["kernel_two"][0] != b["kernel_two"][0]
     monkeypatch.setattr(sys, "argv", ["sass_diff.py", "a.so", "b.so"])
     assert sass_diff.main() == 1
     monkeypatch.setattr(sys, "argv", ["sass_diff.py", "a.so", "a.so"])
