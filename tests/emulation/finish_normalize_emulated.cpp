@@ -96,20 +96,24 @@ void count_tiles(int* flow, int64_t* batches_tracked, int tiles_m, int column_ti
   }
 }
 
-// The epilogue's partials of rows [begin, end) of y [*, N]: mean and M2 per tile of tile_rows rows, in fp64, rounded
-// to fp32.
+// The partials the GEMM's epilogue leaves the finish over rows [begin, end) of y [*, N]: mean and M2 per block of
+// tile_rows rows, in fp64, rounded to fp32. NaN where no GEMM writes them: every block when the statistics come from y
+// (phase 0 writes them), and a ragged last block that the GEMM leaves to the finish (kRaggedTileFromY).
 template <class T>
-void tile_partials(const std::vector<T>& y, int N, int64_t begin, int64_t end, int tile_rows, std::vector<float>& mean,
-                   std::vector<float>& m2) {
+void gemm_partials(const std::vector<T>& y, int N, int64_t begin, int64_t end, int tile_rows, bool from_y,
+                   std::vector<float>& mean, std::vector<float>& m2) {
   const int tiles = int((end - begin + tile_rows - 1) / tile_rows);
   mean.assign(int64_t(tiles) * N, NAN), m2.assign(int64_t(tiles) * N, NAN);
   for (int t = 0; t < tiles; ++t) {
     const int64_t first = begin + int64_t(t) * tile_rows, last = std::min<int64_t>(end, first + tile_rows);
+    if (from_y || (kRaggedTileFromY && last - first < tile_rows)) continue;
     for (int n = 0; n < N; ++n) {
       double sum = 0, squares = 0;
       for (int64_t m = first; m < last; ++m) sum += to_float(y[m * N + n]);
       const double tile_mean = sum / double(last - first);
-      for (int64_t m = first; m < last; ++m) squares += (to_float(y[m * N + n]) - tile_mean) * (to_float(y[m * N + n]) - tile_mean);
+      for (int64_t m = first; m < last; ++m) {
+        squares += (to_float(y[m * N + n]) - tile_mean) * (to_float(y[m * N + n]) - tile_mean);
+      }
       mean[int64_t(t) * N + n] = float(tile_mean), m2[int64_t(t) * N + n] = float(squares);
     }
   }
@@ -132,11 +136,7 @@ bool run_ranks(const Case& c, const std::vector<T>& y, std::vector<T>& out, Fini
     const bool from_y = r == 0;
     const int tile_rows = from_y ? int(w.rows_per_chunk) : c.tile_rows;
     std::vector<float> mean, m2;
-    tile_partials(y, N, begins[r], ends[r], tile_rows, mean, m2);
-    if (from_y) std::fill(mean.begin(), mean.end(), NAN), std::fill(m2.begin(), m2.end(), NAN);  // phase 0's
-    if (!from_y && kRaggedTileFromY && rows % tile_rows != 0) {  // the ragged row block the GEMM leaves out
-      std::fill(mean.end() - N, mean.end(), NAN), std::fill(m2.end() - N, m2.end(), NAN);
-    }
+    gemm_partials(y, N, begins[r], ends[r], tile_rows, from_y, mean, m2);
     FinishParams<T> q{y.data() + begins[r] * N, nullptr, rows, N, mean.data(), m2.data(),
                       int((rows + tile_rows - 1) / tile_rows), tile_rows, nullptr, nullptr, nullptr, nullptr, nullptr,
                       false, 0.1, 1e-5, nullptr, nullptr, merge_columns_for(N), w.stripes, w.rows_per_chunk,
@@ -207,11 +207,12 @@ Worst run_case(const Case& c, Source source) {
   }
   auto value = [&](int64_t m, int n) { return double(to_float(stored[m * N + n])); };  // y as stored
 
-  // The partials as the GEMM's epilogue defines them: mean and M2 of y as stored per tile, rounded to fp32.
+  // The partials the epilogue leaves (of y as stored), and the float64 statistics.
   const WorkItems work = work_items(M, N, kLanesPerRow * Vector16<T>::kSize, c.resident_blocks, kRowsPerPass * kUnroll);
   const int tile_rows = from_y ? int(work.rows_per_chunk) : c.tile_rows;
   const int tiles = int((M + tile_rows - 1) / tile_rows);
-  std::vector<float> partial_mean(int64_t(tiles) * N), partial_m2(int64_t(tiles) * N);
+  std::vector<float> partial_mean, partial_m2;
+  gemm_partials(stored, N, 0, M, tile_rows, from_y, partial_mean, partial_m2);
   std::vector<double> mean64(N), var64(N);
   for (int n = 0; n < N; ++n) {
     double sum = 0;
@@ -220,17 +221,6 @@ Worst run_case(const Case& c, Source source) {
     double squares = 0;
     for (int64_t m = 0; m < M; ++m) squares += (value(m, n) - mean64[n]) * (value(m, n) - mean64[n]);
     var64[n] = squares / M;
-    for (int t = 0; t < tiles; ++t) {
-      const int64_t begin = int64_t(t) * tile_rows, end = std::min<int64_t>(M, begin + tile_rows), at = int64_t(t) * N + n;
-      double tile_sum = 0, tile_squares = 0;
-      for (int64_t m = begin; m < end; ++m) tile_sum += value(m, n);
-      const double tile_mean = tile_sum / double(end - begin);
-      for (int64_t m = begin; m < end; ++m) tile_squares += (value(m, n) - tile_mean) * (value(m, n) - tile_mean);
-      // Where the GEMM leaves its ragged last row block out (kRaggedTileFromY), its partials are poison too.
-      const bool made = !from_y && !(kRaggedTileFromY && end - begin < tile_rows);
-      partial_mean[at] = made ? float(tile_mean) : NAN;
-      partial_m2[at] = made ? float(tile_squares) : NAN;
-    }
   }
 
   int64_t batches_tracked = from_y ? 4 : 5;  // 5 when phase 1 reads it (the y pass counts the batch)
