@@ -66,7 +66,8 @@
 #                     holding its _operators.so; `make build-experiment EXPERIMENT_OPTIONS=GEMMBN_RAGGED_TILE_FROM_Y=ON
 #                     EXPERIMENT_OUT=perf/results/raw/ragged`): the node without its code for partial row blocks, the
 #                     finish reading a ragged last row block from y (perf/NOTES.md v61); compute-sanitizer's memcheck
-#                     on ragged training forwards through both of the finish's walks first
+#                     (and racecheck on the finish kernel) on ragged training forwards through both of the finish's
+#                     walks first
 #   ragged-ab         that build's training forward against the carried default build's, both methods, three rounds,
 #                     TF32 and bf16, at GEMMBN_RAGGED_SIZES (default: M a multiple of 128, where only the GEMM's code
 #                     size differs, and ragged M, where the finish reads the last rows of y)
@@ -469,6 +470,10 @@ print('forwards ran')"
         timeout $(limit 100) env PYTHONPATH="$stage" GEMMBN_STATISTICS_SOURCE=epilogue GEMMBN_FINISH_DATAFLOW=$walk \
           compute-sanitizer --tool memcheck --error-exitcode 1 python3 -c "$forwards" 2>&1 \
           | tee -a "$out/ragged-memcheck.log" | tail -3
+        # racecheck on the finish alone (its shared memory; CUTLASS's mbarrier pipelines are not what changed)
+        timeout $(limit 60) env PYTHONPATH="$stage" GEMMBN_STATISTICS_SOURCE=epilogue GEMMBN_FINISH_DATAFLOW=$walk \
+          compute-sanitizer --tool racecheck --kernel-name kns=finish_normalize --error-exitcode 1 python3 -c "$forwards" \
+          2>&1 | tee -a "$out/ragged-racecheck.log" | tail -3
       done
       timeout $(limit 540) env PYTHONPATH="$stage" python3 -m pytest -q -rs tests/test_native_gpu.py \
         tests/test_fused_gpu.py tests/test_operators_gpu.py 2>&1 | tee "$out/ragged-tests.log" | tail -8 ;;

@@ -778,6 +778,13 @@ bool finish_merges_locally(int64_t tiles) {
   return tiles <= kLocalMergeTiles;
 }
 
+// Whether the local walk may take a launch (else the barrier walk does, also where GEMMBN_FINISH_LOCAL_MERGE=1): not
+// where kRaggedTileFromY has every block read the ragged last row block from y while one of them normalizes it in
+// place (out == y) with no barrier between: a block could read rows already normalized (perf/NOTES.md v62).
+bool local_walk_safe(const FinishNormalizeArgs& a) {
+  return !kRaggedTileFromY || a.out != a.y || a.M % a.tile_rows == 0;
+}
+
 // Whether the dataflow walk's blocks claim a normalize item first (finish_dataflow_kernel): GEMMBN_FLOW_ITEMS_FIRST=1,
 // read at each launch; else a statistics job, the walk measured in perf/NOTES.md v33-v34. EXPERIMENT, off: items first
 // normalizes the stripes the GEMM finished early beside its last wave, but that does not shorten the walk's tail (the
@@ -849,7 +856,7 @@ Status launch_finish(const FinishNormalizeArgs& a, cudaStream_t stream) {
   const int partials =
       kMode == FinishMode::from_ranks ? a.ranks : static_cast<int>((a.M + a.tile_rows - 1) / a.tile_rows);
   if constexpr (!kFromY && kMode == FinishMode::normalize && !kProduct) {  // the variants the local walk has
-    if (finish_merges_locally(partials)) return launch_local<T>(a, partials, stream);
+    if (finish_merges_locally(partials) && local_walk_safe(a)) return launch_local<T>(a, partials, stream);
   }
   WorkItems work{};
   int max_blocks = 0;
