@@ -53,7 +53,10 @@ struct Worst {
 // first with them stored along M (column tile by column tile); each as one block, and as kGridBlocks blocks at once (a
 // process each), whose claims, stripe counts and waits then meet across blocks as on the GPU.
 // Or the epilogue's through the local walk (finish_local_kernel: each block merges its stripe's statistics itself), as
-// one block and as kGridBlocks blocks at once, whose stripes' first row chunks alone publish the statistics.
+// one block per item run one at a time, last item first, and as kGridBlocks blocks at once, whose stripes' first row
+// chunks alone publish the statistics. The one-at-a-time run normalizes y in place where the launch would take the
+// local walk so (local_walk_safe): that order writes a stripe's last rows before its other blocks merge, so a walk that
+// read y's rows while another block rewrites them fails its cases.
 enum Source {
   kEpilogue, kYPass, kRanks, kProduct, kClaims, kYPassClaims, kYPassHalfClaims, kDataflow, kItemsFirst, kDataflowGrid,
   kItemsFirstGrid, kLocal, kLocalGrid
@@ -309,7 +312,15 @@ Worst run_case(const Case& c, Source source) {
                      std::all_of(queued.begin(), queued.end(), [](int q) { return q == 1; }) && streamed_early &&
                      blocks_ended;
   } else if (source == kLocal) {  // the workspace's factors stay poisoned: the walk keeps its own in shared memory
-    emulation::run_block(kThreads, [&p] { finish_local_kernel<T>(p); });
+    FinishNormalizeArgs in_place;
+    in_place.y = y.data(), in_place.out = y.data(), in_place.M = int(M), in_place.tile_rows = tile_rows;
+    if (local_walk_safe(in_place)) p.out = y.data();  // else the launch takes the barrier walk in place
+    emulation::grid_size = {unsigned(p.items), 1, 1};
+    for (int b = p.items - 1; b >= 0; --b) {
+      emulation::run_block(kThreads, [&p] { finish_local_kernel<T>(p); }, unsigned(b));
+    }
+    emulation::grid_size = {1, 1, 1};
+    if (p.out == y.data()) out = y;
   } else if (source == kLocalGrid) {
     emulation::SharedBuffers shared(size_t(M) * N * sizeof(T) + size_t(N) * (2 * sizeof(T) + 2 * sizeof(float)) + 4096);
     FinishParams<T> q = p;
