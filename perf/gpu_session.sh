@@ -472,8 +472,8 @@ print('forwards ran')"
           | tee -a "$out/ragged-memcheck.log" | tail -3
         # racecheck on the finish alone (its shared memory; CUTLASS's mbarrier pipelines are not what changed)
         timeout $(limit 60) env PYTHONPATH="$stage" GEMMBN_STATISTICS_SOURCE=epilogue GEMMBN_FINISH_DATAFLOW=$walk \
-          compute-sanitizer --tool racecheck --kernel-name kns=finish_normalize --error-exitcode 1 python3 -c "$forwards" \
-          2>&1 | tee -a "$out/ragged-racecheck.log" | tail -3
+          compute-sanitizer --tool racecheck --kernel-name kns=finish_normalize --error-exitcode 1 \
+          python3 -c "$forwards" 2>&1 | tee -a "$out/ragged-racecheck.log" | tail -3
       done
       timeout $(limit 540) env PYTHONPATH="$stage" python3 -m pytest -q -rs tests/test_native_gpu.py \
         tests/test_fused_gpu.py tests/test_operators_gpu.py 2>&1 | tee "$out/ragged-tests.log" | tail -8 ;;
