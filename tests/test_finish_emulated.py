@@ -1,18 +1,18 @@
 """finish_normalize's and fold_eval_affine's device code executed on the CPU, so CI (no GPU) runs their logic.
 
-tests/emulation/finish_normalize_emulated.cpp compiles kernels/src/finish_normalize.cu with the emulation
-shim (tests/_emulation.py) and checks every phase against float64 for float32, bfloat16 and float16, with the
-partials given (the GEMM epilogue's), made by the kernel's own pass over y (whose phase 2 walks rows last first) and
-by the product variant's (y = (v + b) s formed from cuBLAS's x W^T, the kept y written back), with phase 2's items
-claimed from a counter instead of walked statically (the y pass's too: passes, last passes first, all or half), and
-through the dataflow walk while a thread plays the GEMM counting its stored tiles (jobs first, the tiles along N;
-items first, the tiles along M, where an item must stream before the GEMM's last column tile), as one block and as
-three at once (a process each), and through the local walk (each block merging its own stripe's statistics, no grid
-barrier), as one block per item run last item first (normalizing y in place where the launch would take that walk so,
-which then writes a stripe's last rows before its other blocks merge) and as three at once; and fold_eval_affine; the bounds and their reasons are in that file. Each in
-both builds of the GEMM's partials of a ragged last row block (made by the GEMM, or read from y by the finish). The same
-binary then runs the walk beside a GEMM that never stores one tile: the walk must give up (the GPU traps) rather than
-wait forever.
+tests/emulation/finish_normalize_emulated.cpp compiles kernels/src/finish_normalize.cu with the emulation shim
+(tests/_emulation.py) and checks every phase against float64 for float32, bfloat16 and float16, with the partials
+given (the GEMM epilogue's), made by the kernel's own pass over y (whose phase 2 walks rows last first) and by the
+product variant's (y = (v + b) s formed from cuBLAS's x W^T, the kept y written back), with phase 2's items claimed
+from a counter instead of walked statically (the y pass's too: passes, last passes first, all or half), and through
+the dataflow walk while a thread plays the GEMM counting its stored tiles (jobs first, the tiles along N; items first,
+the tiles along M, where an item must stream before the GEMM's last column tile), as one block and as three at once (a
+process each), and through the local walk (each block merging its own stripe's statistics, no grid barrier), as one
+block per item run last item first (normalizing y in place where the launch would take that walk so, which then writes
+a stripe's last rows before its other blocks merge) and as three at once; and fold_eval_affine; the bounds and their
+reasons are in that file. Each in both builds of the GEMM's partials of a ragged last row block (made by the GEMM, or
+read from y by the finish). The same binary then runs the walk beside a GEMM that never stores one tile: the walk must
+give up (the GPU traps) rather than wait forever.
 """
 
 import subprocess
