@@ -1,29 +1,32 @@
-// Runs a CUDA kernel's device code on the CPU as one thread block: the block's threads are std::threads,
-// __syncthreads is a std::barrier and a cooperative grid's sync is the block's (a grid of one block). A kernel whose
-// blocks meet only through atomics and flags in global memory (no grid barrier) may also run as a grid of blocks at once,
-// a process each (run_grid_of_processes), over memory shared before the fork (SharedBuffers).
+// Runs a CUDA kernel's device code on the CPU as one thread block: the block's threads are fibers (ucontext) taking
+// turns on one OS thread, each running until its next __syncthreads, and a cooperative grid's sync is the block's (a
+// grid of one block). Fibers rather than std::threads: a barrier of hundreds of OS threads on CI's two cores spent
+// most of the emulation's time in the kernel's futex wakes (perf/NOTES.md v63). A kernel whose blocks meet only
+// through atomics and flags in global memory (no grid barrier) may also run as a grid of blocks at once, a process
+// each (run_grid_of_processes), over memory shared before the fork (SharedBuffers).
 // For kernels whose loops are uniform across the block (every thread reaches every barrier, and every warp
-// shuffle: a shuffle is an exchange between two barriers here); atomics are std::atomic_ref's. tests/test_finish_emulated.py runs finish_normalize's and fold_eval_affine's this
-// way, so CI, which has no GPU, still executes their indexing and arithmetic. Kernels without barriers may
-// run several blocks one after another (run_block's block argument). CUDA's headers supply the vector and 16-bit
-// types (their host paths); this file then turns the CUDA qualifiers into plain C++.
+// shuffle: a shuffle is an exchange between two barriers here; a barrier some threads skip by returning fails the
+// run), and whose threads wait (spin) only on other blocks or on host threads, never on a thread of their own block
+// past no barrier; atomics are std::atomic_ref's. tests/test_finish_emulated.py runs finish_normalize's and
+// fold_eval_affine's this way, so CI, which has no GPU, still executes their indexing and arithmetic. Kernels without
+// barriers may run several blocks one after another (run_block's block argument). CUDA's headers supply the vector
+// and 16-bit types (their host paths); this file then turns the CUDA qualifiers into plain C++.
 #pragma once
 
 #include <cuda_runtime.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #undef __global__
@@ -47,26 +50,77 @@ namespace emulation {
 struct Index { unsigned x = 0, y = 0, z = 0; };
 inline thread_local Index thread_index;
 inline Index block_index{}, grid_size{1, 1, 1}, block_size{1, 1, 1};
-inline std::barrier<>* block_barrier = nullptr;
-inline void sync_block() { block_barrier->arrive_and_wait(); }
+
+// The running block's fibers: a context and a stack each, the scheduler's context they return to at a barrier.
+struct Fiber {
+  ucontext_t context;
+  char* stack = nullptr;
+  bool ended = false;
+};
+inline thread_local ucontext_t scheduler;
+inline thread_local Fiber* running_fiber = nullptr;
+inline thread_local void (*fiber_body)(void*) = nullptr;
+inline thread_local void* fiber_argument = nullptr;
+inline void sync_block() { swapcontext(&running_fiber->context, &scheduler); }
+
+constexpr size_t kFiberStack = 256 << 10;  // bytes per thread (the kernels keep a few KB); its lowest page a guard
+// A stack of kFiberStack bytes, kept for the next block: blocks run one after another, thousands per test.
+inline char* fiber_stack(unsigned t) {
+  static thread_local std::vector<char*> stacks;
+  while (stacks.size() <= t) {
+    void* at = mmap(nullptr, kFiberStack, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (at == MAP_FAILED || mprotect(at, 4096, PROT_NONE) != 0) std::abort();
+    stacks.push_back(static_cast<char*>(at));
+  }
+  return stacks[t];
+}
+inline void fiber_entry() {
+  fiber_body(fiber_argument);
+  running_fiber->ended = true;  // returns to the scheduler through uc_link
+}
 
 // Runs body() in a block of threads.x x threads.y x threads.z threads (threadIdx.x fastest) as block `block`
-// (blocks run one at a time), and waits for them.
+// (blocks run one at a time), and returns once every thread has. Each round resumes every fiber once and each runs
+// to its next barrier, so a round is one interval between barriers. Rounds alternate between rising and falling
+// thread order: a read that lacks its barrier then finds the writer's thread not yet run in some round, whichever
+// thread writes.
 template <class Body>
 void run_block(Index threads, Index block, Body body) {
   block_index = block;
   block_size = threads;
   const unsigned count = threads.x * threads.y * threads.z;
-  std::barrier<> barrier(count);
-  block_barrier = &barrier;
-  std::vector<std::thread> pool;
+  std::vector<Fiber> fibers(count);
+  fiber_body = [](void* b) { (*static_cast<Body*>(b))(); };
+  fiber_argument = &body;
   for (unsigned t = 0; t < count; ++t) {
-    pool.emplace_back([&body, threads, t] {
-      thread_index = {t % threads.x, t / threads.x % threads.y, t / (threads.x * threads.y)};
-      body();
-    });
+    Fiber& f = fibers[t];
+    f.stack = fiber_stack(t);
+    if (getcontext(&f.context) != 0) std::abort();
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = kFiberStack;
+    f.context.uc_stack.ss_flags = 0;
+    f.context.uc_link = &scheduler;
+    makecontext(&f.context, fiber_entry, 0);
   }
-  for (auto& thread : pool) thread.join();
+  for (unsigned live = count, round = 0; live > 0; ++round) {
+    unsigned ended = 0, waiting = 0;
+    for (unsigned i = 0; i < count; ++i) {
+      const unsigned t = round % 2 == 0 ? i : count - 1 - i;
+      Fiber& f = fibers[t];
+      if (f.ended) continue;
+      thread_index = {t % threads.x, t / threads.x % threads.y, t / (threads.x * threads.y)};
+      running_fiber = &f;
+      swapcontext(&scheduler, &f.context);
+      ++(f.ended ? ended : waiting);
+    }
+    if (ended != 0 && waiting != 0) {  // on a GPU a barrier some threads never reach is undefined; a bug either way
+      std::printf("emulation: %u threads of block %u ended while %u waited at a barrier\n", ended, block.x, waiting);
+      std::fflush(stdout);
+      std::abort();
+    }
+    live -= ended;
+  }
+  running_fiber = nullptr;
 }
 
 // Runs body() in `threads` threads of block `block` (default 0), and waits for them.
