@@ -74,17 +74,23 @@ def build(tmp_path: Path, driver: str, sources: dict[str, str], defines: dict[st
     return binary
 
 
-def run_cases(binary: Path, expected_cases: int) -> str:
+def run_cases(binary: Path, expected_cases: int, shards: int = 1) -> str:
     """Run a built driver; fail with the out-of-bounds lines unless it exits 0 having checked ``expected_cases`` cases.
+    With ``shards`` > 1 (a driver that takes `shard I N`), that many processes share the cases, at most one per core.
     Returns its output."""
-    ran = subprocess.run([str(binary)], capture_output=True, text=True, timeout=600)
-    print(ran.stdout)
-    assert ran.returncode == 0, "cases out of bounds:\n" + "\n".join(
-        line for line in ran.stdout.splitlines() if not line.startswith("ok")
-    ) + ran.stderr[-2000:]
-    checked = sum(line.startswith("ok ") for line in ran.stdout.splitlines())
+    shards = max(1, min(shards, os.cpu_count() or 1))
+    commands = [[str(binary)]] if shards == 1 else [[str(binary), "shard", str(i), str(shards)] for i in range(shards)]
+    running = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+    outputs = [process.communicate(timeout=600) for process in running]
+    stdout = "".join(out for out, _ in outputs)
+    print(stdout)
+    failed = [(process.returncode, err) for process, (_, err) in zip(running, outputs) if process.returncode != 0]
+    assert not failed, "cases out of bounds:\n" + "\n".join(
+        line for line in stdout.splitlines() if not line.startswith("ok")
+    ) + "".join(err[-2000:] for _, err in failed)
+    checked = sum(line.startswith("ok ") for line in stdout.splitlines())
     assert checked == expected_cases, f"{checked} cases checked, {expected_cases} expected: every case must have run"
-    return ran.stdout
+    return stdout
 
 
 def build_and_run(tmp_path: Path, driver: str, sources: dict[str, str], expected_cases: int) -> str:
