@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -419,7 +420,7 @@ def test_statistics_source_override(monkeypatch):
         assert not debug.train_statistics_from_y(dtype, 16384, 8192, 512, split)
 
 
-@pytest.mark.torch_agnostic  # the rule's switches, read in C++; ~75 s of fresh processes
+@pytest.mark.torch_agnostic  # the rule's switches, read in C++; ~45 s of fresh processes
 def test_row_overrides_take_their_own_launches_only():
     """GEMMBN_PLAIN_ROW / GEMMBN_STATISTICS_ROW (read once per process, so checked in fresh ones): a row of a table
     without / with the statistics node (and without stream-K) replaces that table's rule for launches without / with
@@ -440,18 +441,25 @@ def test_row_overrides_take_their_own_launches_only():
     def rows(dtype: str, statistics: bool) -> set[int]:
         return {i for i, r in enumerate(debug.gemm_configs(dtype)) if bool(r["statistics"]) == statistics
                 and not r["stream_k"]}  # fmt: skip
-    rule = selected("GEMMBN_PLAIN_ROW", "")
+    stream_k = {i for i, r in enumerate(debug.gemm_configs("float32")) if r["stream_k"]}
+    eligible, values = {}, {}
+    for variable, statistics in (("GEMMBN_PLAIN_ROW", False), ("GEMMBN_STATISTICS_ROW", True)):
+        eligible[variable] = {dtype: rows(dtype, statistics) for dtype in ("bfloat16", "float32")}
+        others = rows("bfloat16", not statistics) | rows("float32", not statistics) | stream_k
+        values[variable] = sorted(set().union(*eligible[variable].values(), others, {99}))  # 99: no row
+    # The ~40 processes, each mostly torch's import, a worker per core: half the test's time on CI's two cores.
+    runs = [("GEMMBN_PLAIN_ROW", "")] + [(variable, str(v)) for variable in values for v in values[variable]]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        found = dict(zip(runs, pool.map(lambda run: selected(*run), runs)))
+    rule = found[("GEMMBN_PLAIN_ROW", "")]
     assert rule == [debug.gemm_selected_config(d, M, N, K, split, st) for d, split, st, (M, K, N) in launches]
     for variable, statistics in (("GEMMBN_PLAIN_ROW", False), ("GEMMBN_STATISTICS_ROW", True)):
-        eligible = {dtype: rows(dtype, statistics) for dtype in ("bfloat16", "float32")}
-        stream_k = {i for i, r in enumerate(debug.gemm_configs("float32")) if r["stream_k"]}
-        others = rows("bfloat16", not statistics) | rows("float32", not statistics) | stream_k
         overridden = 0  # launches an override moved off the rule's row (so the check can fail)
-        for value in sorted(eligible["bfloat16"] | eligible["float32"] | others | {99}):  # 99: no row
-            expected = [value if not split and st == statistics and value in eligible[dtype]
+        for value in values[variable]:
+            expected = [value if not split and st == statistics and value in eligible[variable][dtype]
                         and _tiles_128(M, N) >= 132 else by_rule
                         for (dtype, split, st, (M, K, N)), by_rule in zip(launches, rule)]  # fmt: skip
-            assert selected(variable, str(value)) == expected, (variable, value)
+            assert found[(variable, str(value))] == expected, (variable, value)
             overridden += sum(e != r for e, r in zip(expected, rule))
         assert overridden > 0, variable
 
