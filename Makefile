@@ -58,8 +58,8 @@ endif
 # steps time), built apart in build/experiment (first build ~17 min) and left as $(EXPERIMENT_OUT)/_operators.so
 # (ignored) for a device call to carry as python/gemmbn/_operators.so; .venv's install is left as it was.
 # EXPERIMENT_OPTIONS names other CMake options instead, e.g. `make build-experiment
-# EXPERIMENT_OPTIONS=GEMMBN_RAGGED_TILE_FROM_Y=ON` (the default rows, the ragged row block's statistics from y); the
-# cache is configured afresh each time, so an option of an earlier call does not stay on.
+# EXPERIMENT_OPTIONS=GEMMBN_RAGGED_TILE_FROM_Y=OFF` (the default rows, the ragged row block's partials from the
+# GEMM); the cache is configured afresh each time, so an option of an earlier call does not stay on.
 EXPERIMENT_OUT ?= perf/results/raw/experiment
 EXPERIMENT_OPTIONS ?= GEMMBN_EXPERIMENT_ROWS=ON
 build-experiment: $(VENV)/.deps

@@ -61,16 +61,17 @@
 #   merge-per-tile-tf32  the TF32 training forward by the rule against rows 0 and 13 forced (row 0's tile, and the
 #                     256x128 tile merged once per tile, which the rule takes under 4 TB/s of DRAM) with the epilogue's
 #                     statistics, back to back and synchronized, two rounds each (GEMMBN_MERGE_SIZES)
-#   ragged-tests      the GPU tests of test_native_gpu, test_fused_gpu and test_operators_gpu with the carried build of
-#                     CMake GEMMBN_RAGGED_TILE_FROM_Y=ON (GEMMBN_RAGGED_BUILD, default perf/results/raw/ragged: a folder
-#                     holding its _operators.so; `make build-experiment EXPERIMENT_OPTIONS=GEMMBN_RAGGED_TILE_FROM_Y=ON
-#                     EXPERIMENT_OUT=perf/results/raw/ragged`): the node without its code for partial row blocks, the
-#                     finish reading a ragged last row block from y (perf/NOTES.md v61); compute-sanitizer's memcheck
-#                     (and racecheck on the finish kernel) on ragged training forwards through both of the finish's
-#                     walks first
-#   ragged-ab         that build's training forward against the carried default build's, both methods, three rounds,
-#                     TF32 and bf16, at GEMMBN_RAGGED_SIZES (default: M a multiple of 128, where only the GEMM's code
-#                     size differs, and ragged M, where the finish reads the last rows of y)
+#   ragged-tests      the GPU tests of test_native_gpu, test_fused_gpu and test_operators_gpu with a build of CMake
+#                     GEMMBN_RAGGED_TILE_FROM_Y=ON, the default since perf/NOTES.md v63 (GEMMBN_RAGGED_BUILD, a folder
+#                     holding its _operators.so; default python/gemmbn, the carried build): the node without its
+#                     code for partial row blocks, the finish reading a ragged last row block from y (v61);
+#                     compute-sanitizer's memcheck (and racecheck on the finish kernel) on ragged training forwards
+#                     through both of the finish's walks first
+#   ragged-ab         this tree's build's training forward against a carried build of GEMMBN_RAGGED_TILE_FROM_Y=OFF
+#                     (GEMMBN_TILE_PARTIALS_BUILD, default perf/results/raw/tile-partials; `make build-experiment
+#                     EXPERIMENT_OPTIONS=GEMMBN_RAGGED_TILE_FROM_Y=OFF EXPERIMENT_OUT=perf/results/raw/tile-partials`),
+#                     both methods, three rounds, TF32 and bf16, at GEMMBN_RAGGED_SIZES (default: M a multiple of 128,
+#                     where only the GEMM's code size differs, and ragged M, where the finish reads the last rows of y)
 #   y-claims          the y pass's phase 2 claimed (GEMMBN_FINISH_Y_CLAIMS=1) and half claimed (the experiment
 #                     GEMMBN_FINISH_Y_CLAIM_SHARE=50) against its static walk (perf/NOTES.md v58): the GPU tests of the
 #                     walks, then the training forward at the sweep's y-pass shapes (TF32 at K = 2048 takes the
@@ -198,8 +199,9 @@ wide_tile_check() {
 local_sizes="256 8192 8192;256 4096 4096;256 1024 1024;1024 4096 4096;1024 1024 1024;4096 1024 1024;2048 4096 1024;4096 8192 512"
 # The long-K shapes of the merge-per-tile steps (the 256x128 tile against row 0).
 merge_sizes=${GEMMBN_MERGE_SIZES:-16384 4096 4096;65536 4096 4096;16384 8192 2048;4096 4096 4096;4096 8192 2048}
-# The ragged steps' carried build of CMake GEMMBN_RAGGED_TILE_FROM_Y=ON (a folder holding its _operators.so).
-ragged=${GEMMBN_RAGGED_BUILD:-perf/results/raw/ragged}
+# The ragged steps' builds of CMake GEMMBN_RAGGED_TILE_FROM_Y, ON (the default) and OFF (folders with an _operators.so).
+ragged=${GEMMBN_RAGGED_BUILD:-python/gemmbn}
+tile_partials=${GEMMBN_TILE_PARTIALS_BUILD:-perf/results/raw/tile-partials}
 export GEMMBN_COMMIT=${GEMMBN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 # The perf extra on a bare device (no package index there): carried wheels of cuda-bindings and cuda-pathfinder
@@ -478,9 +480,9 @@ print('forwards ran')"
       timeout $(limit 540) env PYTHONPATH="$stage" python3 -m pytest -q -rs tests/test_native_gpu.py \
         tests/test_fused_gpu.py tests/test_operators_gpu.py 2>&1 | tee "$out/ragged-tests.log" | tail -8 ;;
     ragged-ab)
-      [[ -f $ragged/_operators.so ]] || { echo "$name: carry $ragged/_operators.so"; continue; }
+      [[ -f $tile_partials/_operators.so ]] || { echo "$name: carry $tile_partials/_operators.so"; continue; }
       sizes="16384 4096 4096;65536 1024 1024;4096 4096 4096;16400 4096 4096;65600 1024 1024;4000 4096 4096"
-      bench_ab_both_methods ragged-ab 260 3 default:GEMMBN_AB_SIDE=default "$ragged" -- \
+      bench_ab_both_methods ragged-ab 260 3 "$tile_partials" default:GEMMBN_AB_SIDE=default -- \
         --sizes "${GEMMBN_RAGGED_SIZES:-$sizes}" --configs tf32,bf16 --providers gemmbn,cublas --no-compile \
         --iters 30 ;;
     y-claims)

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.torch_agnostic  # C++ drivers built apart: no torch cod
 FLOW_GAVE_UP_EXIT = 86  # tile_flow.h kFlowGaveUpExit: the emulated walk's exit where the GPU's traps
 
 
-# Both builds of CMake's GEMMBN_RAGGED_TILE_FROM_Y: the GEMM's partials of every row block (the default), and of its
-# full row blocks only, the finish reading the ragged last one's rows from y (an experiment, api.h kRaggedTileFromY);
+# Both builds of CMake's GEMMBN_RAGGED_TILE_FROM_Y: the GEMM's partials of every row block (OFF), and of its
+# full row blocks only, the finish reading the ragged last one's rows from y (the default, api.h kRaggedTileFromY);
 # there the driver poisons the ragged row block's partials, so a read of them fails the cases.
 @pytest.fixture(scope="module", params=[0, 1], ids=["ragged-tile-partials", "ragged-tile-from-y"])
 def finish_driver(tmp_path_factory, request):

@@ -67,7 +67,7 @@ def device_dram_gbps() -> int:
 
 def ragged_tile_from_y() -> bool:
     """Whether this build's GEMM leaves the partials of a ragged last row block (M not a multiple of partial_rows)
-    unwritten and finish_normalize reads those rows from y instead (CMake GEMMBN_RAGGED_TILE_FROM_Y, an experiment)."""
+    unwritten and finish_normalize reads those rows from y instead (CMake GEMMBN_RAGGED_TILE_FROM_Y, on by default)."""
     return bool(_ops().ragged_tile_from_y())
 
 

@@ -47,12 +47,12 @@ struct Status {
 // batches_tracked, if not null, is incremented once by the launch (so the finish kernel, later on the
 // same stream, reads the new count for momentum=None).
 #ifndef GEMMBN_RAGGED_TILE_FROM_Y  // CMake sets it (0 or 1)
-#define GEMMBN_RAGGED_TILE_FROM_Y 0
+#define GEMMBN_RAGGED_TILE_FROM_Y 1
 #endif
-// EXPERIMENT (CMake GEMMBN_RAGGED_TILE_FROM_Y; perf/NOTES.md v61): the statistics node leaves a ragged last row block
-// (M not a multiple of partial_rows) out, so the GEMM kernels carry no code for partial row blocks (45-70% of their
-// SASS, though only the last row block of a ragged M runs it), and finish_normalize reads those rows' moments from y
-// itself. Off: the node makes every row block's partials.
+// CMake GEMMBN_RAGGED_TILE_FROM_Y (on since perf/NOTES.md v63; v61 for the design): the statistics node leaves a ragged
+// last row block (M not a multiple of partial_rows) out, so the GEMM kernels carry no code for partial row blocks
+// (45-70% of their SASS, though only the last row block of a ragged M runs it), and finish_normalize reads those rows'
+// moments from y itself. Off: the node makes every row block's partials.
 inline constexpr bool kRaggedTileFromY = GEMMBN_RAGGED_TILE_FROM_Y != 0;
 
 struct GemmScaleStatsArgs {
